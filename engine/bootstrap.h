@@ -1,0 +1,57 @@
+/*
+ * bootstrap.h - rendezvous of the ranks of a job over TCP.
+ *
+ * Rank 0 serves a small store on its rendezvous address (a libevent loop on a
+ * thread of its own); every rank, rank 0 included, connects to it as a
+ * client and keeps that connection open for the communicator's lifetime (it
+ * is the liveness channel). Messages are length-prefixed protobuf
+ * (schemas/bootstrap.proto). The first message of a client is a Hello with
+ * the job token, rank, size and host identity; a wrong token, a rank out of
+ * range, a duplicate rank or a size mismatch is refused with an Error that
+ * the client reports. Once all ranks said Hello, the server answers each
+ * with the whole table of host identities.
+ *
+ * After that, collective rounds: every rank calls boot_allgather() in the
+ * same order; the server answers a round when all ranks contributed.
+ * A rank that never arrives makes boot_open() fail on every other rank
+ * after the timeout with a message naming the missing ranks.
+ */
+#ifndef CHORUS_BOOTSTRAP_H
+#define CHORUS_BOOTSTRAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct boot boot_t;
+
+typedef struct boot_config {
+  int rank;
+  int size;
+  const char *rendezvous; /* "host:port"; rank 0 listens on port (all interfaces of host) */
+  const char *token;      /* job token; "" when none */
+  double timeout_s;       /* connect + first round */
+} boot_config_t;
+
+/* Host identity of this machine ("hostname/boot_id"). */
+void boot_host_identity(char *out, size_t len);
+
+/* Returns 0 or a negative chorus_result (CHORUS_ERR_BOOTSTRAP, _AUTH, _TIMEOUT)
+ * with the reason in err. */
+int boot_open(const boot_config_t *cfg, boot_t **out, char *err, size_t errlen);
+/* Host identity of rank r (valid after boot_open), or NULL. */
+const char *boot_host_of(const boot_t *b, int r);
+/* Everyone contributes `len` bytes (lengths may differ between ranks); on
+ * success *out is one malloc'd block: out[i] points to rank i's bytes and
+ * lens[i] is its length; free it with free(*out_ptrs) and free(*out_lens).
+ * Returns 0 or a negative chorus_result with the reason in err. */
+int boot_allgather(boot_t *b, const void *mine, size_t len, void ***out_ptrs, size_t **out_lens,
+                   double timeout_s, char *err, size_t errlen);
+/* boot_allgather of nothing. */
+int boot_barrier(boot_t *b, double timeout_s, char *err, size_t errlen);
+/* The client's connection to rank 0 (for a liveness watch), or -1. */
+int boot_fd(const boot_t *b);
+/* Close the client (and on rank 0, stop the server after every client left
+ * or a grace period passed). */
+void boot_close(boot_t *b);
+
+#endif

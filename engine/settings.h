@@ -1,0 +1,46 @@
+/*
+ * settings.h - every CHORUS_* environment variable, declared once.
+ *
+ * The table in settings.c is the single place that reads the environment
+ * (the launcher variables of chorus_comm_init_from_env included). Each entry
+ * has a name, a type, a default and a line of help; `chorus-info --env`
+ * prints the table. Values are parsed and checked when a communicator is
+ * created; a malformed value is an error naming the variable.
+ */
+#ifndef CHORUS_SETTINGS_H
+#define CHORUS_SETTINGS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+typedef struct chorus_settings {
+  char provider[64];        /* CHORUS_PROVIDER: "" = auto (shm on one host, else tcp) */
+  char job_token[256];      /* CHORUS_JOB_TOKEN */
+  double connect_timeout_s; /* CHORUS_CONNECT_TIMEOUT */
+  size_t chunk_bytes;       /* CHORUS_CHUNK_BYTES: pipeline chunk */
+  size_t max_posted;        /* CHORUS_MAX_POSTED: receives/sends in flight per rank */
+  int spin_us;              /* CHORUS_SPIN_US: busy-poll before sleeping */
+  int log_level;            /* CHORUS_LOG: 0 error, 1 warn, 2 info, 3 debug */
+  bool progress_thread;     /* CHORUS_PROGRESS_THREAD */
+  bool journal;             /* CHORUS_JOURNAL: fsm transition journal on */
+  size_t journal_records;   /* CHORUS_JOURNAL_RECORDS */
+} chorus_settings_t;
+
+/* Read and validate the whole table from the environment.
+ * Returns 0, or -1 with a message naming the bad variable in err. */
+int settings_load(chorus_settings_t *s, char *err, size_t errlen);
+/* Print the table (name, default, current value, help) to f. */
+void settings_print(FILE *f);
+
+/* Launcher environment: what chorus_comm_init_from_env needs. */
+typedef struct chorus_launch_env {
+  int rank, size, local_rank, local_size; /* local_* = -1 when unknown */
+  char rendezvous[512];                   /* "host:port" */
+  const char *source;                     /* "chorus", "torchrun", "slurm", "openmpi" */
+} chorus_launch_env_t;
+
+/* Returns 0, or -1 with an explanation (which variables are missing or bad). */
+int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen);
+
+#endif
