@@ -1,1 +1,388 @@
-/* placeholder: to be written */
+/*
+ * exec.c - the executor: runs a plan's steps as state machines.
+ *
+ * Ownership and ordering hazards:
+ *  - A RECV or SEND step owns its prov_op while POSTED; the provider calls
+ *    step_done() from inside prov->progress(), which dispatches the step's
+ *    COMPLETE event; successors become READY and are queued, never run
+ *    inline, so no dispatch nests into the provider's callback for long.
+ *  - A failed run cancels its posted ops and completes only once every
+ *    posted op came back (canceled or not): the provider never writes into
+ *    a buffer the application already owns again.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng.h"
+#include "exec.h"
+#include "reduce.h"
+
+enum { S_WAIT, S_READY, S_POSTED, S_DONE, S_FAILED, S_COUNT };
+enum { E_DEP, E_POSTED, E_RUN, E_COMPLETE, E_ERROR, E_CANCEL, E_COUNT };
+
+typedef struct exec_step {
+  fsm_inst_t fsm;
+  prov_op_t op;
+  uint32_t deps_left;
+  uint32_t index;
+  exec_t *ex;
+} exec_step_t;
+
+struct exec {
+  exec_ctx_t *ctx;
+  const plan_t *plan;
+  uint8_t *bufs[BUF_COUNT];
+  void *own_scratch;    /* scratch malloc'd for this run when the cached one is lent */
+  bool scratch_lent;    /* this run holds ctx->scratch */
+  uint16_t seq;
+  exec_step_t *steps;
+  /* ready queues (step indices; each step is queued at most once per kind) */
+  uint32_t *q_local, *q_send, *q_recv;
+  uint32_t ql_head, ql_tail, qs_head, qs_tail, qr_head, qr_tail;
+  uint32_t ndone, nfailed;
+  uint32_t nposted;     /* ops currently held by the provider */
+  int status;           /* first error, 0 while fine */
+  bool canceling;       /* exec_cancel() ran after the first error */
+  exec_done_fn done;
+  void *arg;
+  exec_t *next;
+};
+
+static exec_step_t *step_of(fsm_inst_t *i) {
+  return (exec_step_t *)i;
+}
+
+static void notify_successors(exec_step_t *st) {
+  exec_t *ex = st->ex;
+  const plan_step_t *ps = &ex->plan->steps[st->index];
+  fsm_event_t ev = {.sig = E_DEP};
+
+  for (uint32_t k = 0; k < ps->nsucc; k++)
+    fsm_dispatch(&ex->steps[ex->plan->succ[ps->succ_off + k]].fsm, &ev);
+}
+
+static void enqueue_ready(exec_step_t *st) {
+  exec_t *ex = st->ex;
+  switch (ex->plan->steps[st->index].kind) {
+  case STEP_SEND: ex->q_send[ex->qs_tail++] = st->index; break;
+  case STEP_RECV: ex->q_recv[ex->qr_tail++] = st->index; break;
+  default: ex->q_local[ex->ql_tail++] = st->index; break;
+  }
+}
+
+static bool g_last_dep(fsm_inst_t *i, const fsm_event_t *ev) {
+  return step_of(i)->deps_left == 1;
+}
+
+static void a_dep(fsm_inst_t *i, const fsm_event_t *ev) {
+  step_of(i)->deps_left--;
+}
+
+static void a_dep_ready(fsm_inst_t *i, const fsm_event_t *ev) {
+  step_of(i)->deps_left--;
+  enqueue_ready(step_of(i));
+}
+
+static void a_run(fsm_inst_t *i, const fsm_event_t *ev) {
+  exec_step_t *st = step_of(i);
+  exec_t *ex = st->ex;
+  const plan_t *p = ex->plan;
+  const plan_step_t *ps = &p->steps[st->index];
+  size_t es = chorus_dtype_size(p->dtype);
+
+  switch (ps->kind) {
+  case STEP_REDUCE:
+    reduce_apply(ex->bufs[ps->dst.buf] + ps->dst.off, ex->bufs[ps->src.buf] + ps->src.off,
+                 ex->bufs[ps->src2.buf] + ps->src2.off, ps->bytes / es, p->dtype, p->op);
+    break;
+  case STEP_COPY:
+    memcpy(ex->bufs[ps->dst.buf] + ps->dst.off, ex->bufs[ps->src.buf] + ps->src.off, ps->bytes);
+    break;
+  case STEP_SCALE:
+    reduce_scale_avg(ex->bufs[ps->dst.buf] + ps->dst.off, ps->bytes / es, p->dtype, p->nranks);
+    break;
+  default: break;
+  }
+  ex->ndone++;
+  notify_successors(st);
+}
+
+static void a_complete(fsm_inst_t *i, const fsm_event_t *ev) {
+  exec_step_t *st = step_of(i);
+  st->ex->ndone++;
+  notify_successors(st);
+}
+
+static void a_fail(fsm_inst_t *i, const fsm_event_t *ev) {
+  exec_t *ex = step_of(i)->ex;
+  ex->nfailed++;
+  if (!ex->status)
+    ex->status = ev->arg ? (int)ev->arg : CHORUS_ERR_TRANSPORT;
+}
+
+static const fsm_row_t step_rows[] = {
+    {S_WAIT, E_DEP, g_last_dep, a_dep_ready, S_READY},
+    {S_WAIT, E_DEP, NULL, a_dep, S_WAIT},
+    {S_READY, E_POSTED, NULL, NULL, S_POSTED},
+    {S_READY, E_RUN, NULL, a_run, S_DONE},
+    {S_POSTED, E_COMPLETE, NULL, a_complete, S_DONE},
+    {S_POSTED, E_ERROR, NULL, a_fail, S_FAILED},
+    {S_POSTED, E_CANCEL, NULL, a_fail, S_FAILED},
+    {S_WAIT, E_CANCEL, NULL, a_fail, S_FAILED},
+    {S_READY, E_CANCEL, NULL, a_fail, S_FAILED},
+    {S_READY, E_ERROR, NULL, a_fail, S_FAILED},
+    /* a dependency finishing after this step was canceled is harmless */
+    {S_FAILED, E_DEP, NULL, NULL, S_FAILED},
+};
+
+static const char *const step_state_names[S_COUNT] = {"WAIT", "READY", "POSTED", "DONE",
+                                                      "FAILED"};
+static const char *const step_event_names[E_COUNT] = {"dep",      "posted", "run",
+                                                      "complete", "error",  "cancel"};
+
+fsm_machine_t exec_step_machine = {
+    .name = "step",
+    .nstates = S_COUNT,
+    .state_names = step_state_names,
+    .nevents = E_COUNT,
+    .event_names = step_event_names,
+    .rows = step_rows,
+    .nrows = sizeof(step_rows) / sizeof(step_rows[0]),
+};
+
+static void step_done(prov_op_t *op, int status, size_t len) {
+  exec_step_t *st = (exec_step_t *)((char *)op - offsetof(exec_step_t, op));
+  exec_t *ex = st->ex;
+  const plan_step_t *ps = &ex->plan->steps[st->index];
+  fsm_event_t ev = {.sig = E_COMPLETE};
+
+  ex->nposted--;
+  if (ps->kind == STEP_SEND)
+    ex->ctx->posted_sends--;
+  else
+    ex->ctx->posted_recvs--;
+  if (status == -ECANCELED) {
+    ev.sig = E_CANCEL;
+    ev.arg = ex->status ? ex->status : CHORUS_ERR_ABORTED;
+  } else if (status) {
+    ev.sig = E_ERROR;
+    ev.arg = CHORUS_ERR_TRANSPORT;
+    eng_log(ENG_ERR, ex->ctx->rank, "exec", "%s step %u (peer %d, %zu bytes) failed: %s",
+            plan_step_kind_str(ps->kind), st->index, ps->peer, ps->bytes, strerror(-status));
+  } else if (ps->kind == STEP_RECV && len != ps->bytes) {
+    ev.sig = E_ERROR;
+    ev.arg = CHORUS_ERR_MISMATCH;
+    eng_log(ENG_ERR, ex->ctx->rank, "exec", "RECV step %u from rank %d got %zu bytes, expected %zu",
+            st->index, ps->peer, len, ps->bytes);
+  }
+  fsm_dispatch(&st->fsm, &ev);
+}
+
+exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, void *recvbuf,
+                    uint16_t seq, exec_done_fn done, void *arg) {
+  exec_t *ex = calloc(1, sizeof(*ex));
+  uint32_t n = plan->nsteps;
+
+  if (!ex)
+    return NULL;
+  ex->steps = calloc(n ? n : 1, sizeof(*ex->steps));
+  ex->q_local = malloc(3 * (size_t)(n ? n : 1) * sizeof(uint32_t));
+  if (!ex->steps || !ex->q_local)
+    goto out_free;
+  ex->q_send = ex->q_local + n;
+  ex->q_recv = ex->q_send + n;
+  if (plan->scratch_bytes) {
+    if (!ctx->scratch_lent) {
+      if (ctx->scratch_bytes < plan->scratch_bytes) {
+        free(ctx->scratch);
+        ctx->scratch = malloc(plan->scratch_bytes);
+        ctx->scratch_bytes = ctx->scratch ? plan->scratch_bytes : 0;
+        if (!ctx->scratch)
+          goto out_free;
+      }
+      ctx->scratch_lent = true;
+      ex->scratch_lent = true;
+      ex->bufs[BUF_SCRATCH] = ctx->scratch;
+    } else {
+      ex->own_scratch = malloc(plan->scratch_bytes);
+      if (!ex->own_scratch)
+        goto out_free;
+      ex->bufs[BUF_SCRATCH] = ex->own_scratch;
+    }
+  }
+  ex->ctx = ctx;
+  ex->plan = plan;
+  ex->bufs[BUF_SEND] = (uint8_t *)(uintptr_t)sendbuf;
+  ex->bufs[BUF_RECV] = recvbuf;
+  ex->seq = seq;
+  ex->done = done;
+  ex->arg = arg;
+  for (uint32_t i = 0; i < n; i++) {
+    exec_step_t *st = &ex->steps[i];
+    fsm_init(&st->fsm, &exec_step_machine, S_WAIT, i, seq);
+    st->op.done = step_done;
+    st->deps_left = plan->steps[i].ndeps;
+    st->index = i;
+    st->ex = ex;
+  }
+  return ex;
+
+out_free:
+  free(ex->steps);
+  free(ex->q_local);
+  free(ex);
+  return NULL;
+}
+
+static void exec_release(exec_t *ex) {
+  if (ex->scratch_lent)
+    ex->ctx->scratch_lent = false;
+  free(ex->own_scratch);
+  free(ex->steps);
+  free(ex->q_local);
+  free(ex);
+}
+
+void exec_start(exec_ctx_t *ctx, exec_t *ex) {
+  for (uint32_t i = 0; i < ex->plan->nsteps; i++) {
+    exec_step_t *st = &ex->steps[i];
+    if (st->deps_left == 0) {
+      /* no dependency: WAIT -> READY directly, journaled like any other */
+      st->deps_left = 1;
+      fsm_event_t ev = {.sig = E_DEP};
+      fsm_dispatch(&st->fsm, &ev);
+    }
+  }
+  if (ctx->active_tail)
+    ctx->active_tail->next = ex;
+  else
+    ctx->active = ex;
+  ctx->active_tail = ex;
+}
+
+static int post_step(exec_ctx_t *ctx, exec_t *ex, uint32_t idx) {
+  const plan_step_t *ps = &ex->plan->steps[idx];
+  exec_step_t *st = &ex->steps[idx];
+  int rc;
+
+  if (ps->kind == STEP_SEND)
+    rc = ctx->prov->ops->post_send(ctx->prov, ps->peer, ex->bufs[ps->src.buf] + ps->src.off,
+                                   ps->bytes, exec_tag(ctx->rank, ctx->comm_id, ex->seq, ps->msg),
+                                   &st->op);
+  else
+    rc = ctx->prov->ops->post_recv(ctx->prov, ps->peer, ex->bufs[ps->dst.buf] + ps->dst.off,
+                                   ps->bytes, exec_tag(ps->peer, ctx->comm_id, ex->seq, ps->msg),
+                                   &st->op);
+  if (rc == 0) {
+    ex->nposted++;
+    if (ps->kind == STEP_SEND)
+      ctx->posted_sends++;
+    else
+      ctx->posted_recvs++;
+    fsm_event_t ev = {.sig = E_POSTED};
+    fsm_dispatch(&st->fsm, &ev);
+  } else if (rc != -EAGAIN) {
+    eng_log(ENG_ERR, ctx->rank, "exec", "posting %s step %u (peer %d) failed: %s",
+            plan_step_kind_str(ps->kind), idx, ps->peer, strerror(-rc));
+    fsm_event_t ev = {.sig = E_ERROR, .arg = CHORUS_ERR_TRANSPORT};
+    fsm_dispatch(&st->fsm, &ev);
+  }
+  return rc;
+}
+
+static void exec_cancel(exec_ctx_t *ctx, exec_t *ex) {
+  fsm_event_t ev = {.sig = E_CANCEL, .arg = ex->status};
+  for (uint32_t i = 0; i < ex->plan->nsteps; i++) {
+    exec_step_t *st = &ex->steps[i];
+    if (st->fsm.state == S_POSTED)
+      ctx->prov->ops->cancel(ctx->prov, &st->op);
+    else if (st->fsm.state == S_WAIT || st->fsm.state == S_READY)
+      fsm_dispatch(&st->fsm, &ev);
+  }
+}
+
+/* One pass over one run; returns steps advanced. */
+static size_t drive_one(exec_ctx_t *ctx, exec_t *ex) {
+  size_t moved = 0;
+
+  if (ex->status)
+    return 0;
+  while (ex->ql_head < ex->ql_tail) {
+    fsm_event_t ev = {.sig = E_RUN};
+    fsm_dispatch(&ex->steps[ex->q_local[ex->ql_head++]].fsm, &ev);
+    moved++;
+  }
+  /* receives first: a posted receive lets the peer's send complete */
+  while (ex->qr_head < ex->qr_tail && ctx->posted_recvs < ctx->max_posted) {
+    int rc = post_step(ctx, ex, ex->q_recv[ex->qr_head]);
+    if (rc == -EAGAIN)
+      break;
+    ex->qr_head++;
+    moved++;
+    if (rc)
+      return moved;
+  }
+  while (ex->qs_head < ex->qs_tail && ctx->posted_sends < ctx->max_posted) {
+    int rc = post_step(ctx, ex, ex->q_send[ex->qs_head]);
+    if (rc == -EAGAIN)
+      break;
+    ex->qs_head++;
+    moved++;
+    if (rc)
+      return moved;
+  }
+  return moved;
+}
+
+size_t exec_drive(exec_ctx_t *ctx) {
+  size_t moved = 0;
+  exec_t *prev = NULL, *ex = ctx->active;
+
+  while (ex) {
+    exec_t *next = ex->next;
+    moved += drive_one(ctx, ex);
+    if (ex->status && !ex->canceling) {
+      ex->canceling = true;
+      exec_cancel(ctx, ex);
+    }
+    bool finished = ex->nposted == 0 && (ex->ndone == ex->plan->nsteps ||
+                                         (ex->status && ex->ndone + ex->nfailed == ex->plan->nsteps));
+    if (finished) {
+      if (prev)
+        prev->next = next;
+      else
+        ctx->active = next;
+      if (ctx->active_tail == ex)
+        ctx->active_tail = prev;
+      ex->done(ex, ex->status, ex->arg);
+      exec_release(ex);
+      moved++;
+    } else {
+      prev = ex;
+    }
+    ex = next;
+  }
+  return moved;
+}
+
+void exec_fail_all(exec_ctx_t *ctx, int status) {
+  for (exec_t *ex = ctx->active; ex; ex = ex->next) {
+    if (!ex->status)
+      ex->status = status;
+    if (!ex->canceling) {
+      ex->canceling = true;
+      exec_cancel(ctx, ex);
+    }
+  }
+}
+
+bool exec_idle(const exec_ctx_t *ctx) {
+  return ctx->active == NULL;
+}
+
+void exec_ctx_fini(exec_ctx_t *ctx) {
+  free(ctx->scratch);
+  ctx->scratch = NULL;
+  ctx->scratch_bytes = 0;
+}

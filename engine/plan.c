@@ -1,1 +1,123 @@
-/* placeholder: to be written */
+/*
+ * plan.c - building step graphs.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+const char *plan_step_kind_str(int kind) {
+  static const char *const n[STEP_KIND_COUNT] = {"SEND", "RECV", "REDUCE", "COPY", "SCALE"};
+  return (unsigned)kind < STEP_KIND_COUNT ? n[kind] : "?";
+}
+
+const char *plan_buf_str(int buf) {
+  static const char *const n[BUF_COUNT] = {"send", "recv", "scratch"};
+  return (unsigned)buf < BUF_COUNT ? n[buf] : "?";
+}
+
+int plan_build_begin(plan_builder_t *b, const char *algo, int rank, int nranks, size_t count,
+                     chorus_dtype dtype, chorus_op op, bool inplace) {
+  memset(b, 0, sizeof(*b));
+  b->plan = calloc(1, sizeof(*b->plan));
+  if (!b->plan)
+    return -ENOMEM;
+  b->plan->algo = algo;
+  b->plan->rank = rank;
+  b->plan->nranks = nranks;
+  b->plan->count = count;
+  b->plan->dtype = dtype;
+  b->plan->op = op;
+  b->plan->inplace = inplace;
+  return 0;
+}
+
+uint32_t plan_add(plan_builder_t *b, const plan_step_t *s) {
+  plan_t *p = b->plan;
+
+  if (b->err)
+    return UINT32_MAX;
+  if (p->nsteps == b->cap_steps) {
+    uint32_t ncap = b->cap_steps ? b->cap_steps * 2 : 64;
+    plan_step_t *n = realloc(p->steps, ncap * sizeof(*n));
+    if (!n) {
+      b->err = -ENOMEM;
+      return UINT32_MAX;
+    }
+    p->steps = n;
+    b->cap_steps = ncap;
+  }
+  p->steps[p->nsteps] = *s;
+  p->steps[p->nsteps].ndeps = 0;
+  p->steps[p->nsteps].nsucc = 0;
+  if (s->kind == STEP_SEND && s->msg >= p->nmsgs)
+    p->nmsgs = s->msg + 1;
+  return p->nsteps++;
+}
+
+void plan_dep(plan_builder_t *b, uint32_t from, uint32_t to) {
+  if (b->err || from == UINT32_MAX || to == UINT32_MAX)
+    return;
+  if (b->nedges == b->cap_edges) {
+    size_t ncap = b->cap_edges ? b->cap_edges * 2 : 128;
+    void *n = realloc(b->edges, ncap * sizeof(*b->edges));
+    if (!n) {
+      b->err = -ENOMEM;
+      return;
+    }
+    b->edges = n;
+    b->cap_edges = ncap;
+  }
+  b->edges[b->nedges][0] = from;
+  b->edges[b->nedges][1] = to;
+  b->nedges++;
+}
+
+int plan_build_end(plan_builder_t *b, plan_t **out) {
+  plan_t *p = b->plan;
+  int rc = b->err;
+
+  *out = NULL;
+  if (rc)
+    goto out_free;
+  p->succ = malloc((b->nedges ? b->nedges : 1) * sizeof(*p->succ));
+  if (!p->succ) {
+    rc = -ENOMEM;
+    goto out_free;
+  }
+  for (size_t e = 0; e < b->nedges; e++) {
+    p->steps[b->edges[e][0]].nsucc++;
+    p->steps[b->edges[e][1]].ndeps++;
+  }
+  uint32_t off = 0;
+  for (uint32_t i = 0; i < p->nsteps; i++) {
+    p->steps[i].succ_off = off;
+    off += p->steps[i].nsucc;
+    p->steps[i].nsucc = 0;
+  }
+  for (size_t e = 0; e < b->nedges; e++) {
+    plan_step_t *s = &p->steps[b->edges[e][0]];
+    p->succ[s->succ_off + s->nsucc++] = b->edges[e][1];
+  }
+  free(b->edges);
+  b->edges = NULL;
+  *out = p;
+  b->plan = NULL;
+  return 0;
+
+out_free:
+  free(b->edges);
+  b->edges = NULL;
+  plan_free(p);
+  b->plan = NULL;
+  return rc;
+}
+
+void plan_free(plan_t *p) {
+  if (!p)
+    return;
+  free(p->steps);
+  free(p->succ);
+  free(p);
+}

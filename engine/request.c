@@ -1,1 +1,93 @@
-/* placeholder: to be written */
+/*
+ * request.c - completion of nonblocking operations.
+ *
+ * The progress thread completes a request (request_complete); the
+ * application thread observes it (chorus_test / chorus_wait) and releases
+ * it. Waiting spins for at most CHORUS_SPIN_US, then sleeps on the
+ * communicator's condition variable.
+ */
+#include <sched.h>
+#include <stdlib.h>
+
+#include "comm.h"
+#include "eng.h"
+#include "fsm.h"
+
+void request_complete(chorus_request_t *req, chorus_result rc) {
+  chorus_comm_t *c = req->comm;
+
+  if (rc)
+    comm_error(c, rc, "allreduce #%u (%s, %zu elements) failed: %s", req->seq,
+               chorus_dtype_name(req->plan->dtype), req->plan->count, chorus_strerror(rc));
+  pthread_mutex_lock(&c->lock);
+  req->result = rc;
+  atomic_store_explicit(&req->done, 1, memory_order_release);
+  if (c->waiters)
+    pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->lock);
+}
+
+void request_release(chorus_request_t *req) {
+  chorus_comm_t *c = req->comm;
+
+  eng_handle_remove(req);
+  if (req->slot)
+    req->slot->refs--;
+  else
+    plan_free(req->plan);
+  if (req->prev_live)
+    req->prev_live->next_live = req->next_live;
+  else
+    c->live = req->next_live;
+  if (req->next_live)
+    req->next_live->prev_live = req->prev_live;
+  free(req);
+}
+
+CHORUS_API chorus_result chorus_test(chorus_request_t **req, int *done) {
+  if (!req || !eng_handle_valid(*req, ENG_HANDLE_REQUEST))
+    return eng_error(CHORUS_ERR_INVALID_REQUEST, "chorus_test: not a live request");
+  if (!done)
+    return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_test: done is NULL");
+  chorus_request_t *r = *req;
+  if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+    *done = 0;
+    return CHORUS_SUCCESS;
+  }
+  chorus_result rc = r->result;
+  *done = 1;
+  request_release(r);
+  *req = NULL;
+  return rc;
+}
+
+CHORUS_API chorus_result chorus_wait(chorus_request_t **req) {
+  if (!req || !eng_handle_valid(*req, ENG_HANDLE_REQUEST))
+    return eng_error(CHORUS_ERR_INVALID_REQUEST, "chorus_wait: not a live request");
+  chorus_request_t *r = *req;
+  chorus_comm_t *c = r->comm;
+
+  if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+    uint64_t until = fsm_now_ns() + (uint64_t)c->set.spin_us * 1000;
+    unsigned spins = 0;
+    while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+      if ((++spins & 63) == 0) {
+        if (fsm_now_ns() > until)
+          break;
+        sched_yield();
+      }
+    }
+  }
+  if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+    pthread_mutex_lock(&c->lock);
+    c->waiters++;
+    while (!atomic_load_explicit(&r->done, memory_order_acquire))
+      pthread_cond_wait(&c->cond, &c->lock);
+    c->waiters--;
+    pthread_mutex_unlock(&c->lock);
+  }
+  chorus_result rc = r->result;
+  request_release(r);
+  *req = NULL;
+  return rc;
+}

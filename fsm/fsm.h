@@ -46,7 +46,7 @@ typedef struct fsm_row {
 
 typedef struct fsm_machine {
   const char *name;
-  uint16_t id;                     /* journal id; fsm_machine_register() assigns */
+  uint16_t id;                     /* journal id; fsm_machine_register() assigns; 0: none */
   int nstates;
   const char *const *state_names;  /* nstates entries */
   int nevents;
@@ -64,7 +64,9 @@ struct fsm_inst {
 };
 
 /* Returns 0, or -ENOENT when no row takes the event in the current state
- * (the state is unchanged and the miss is journaled), or -EINVAL. */
+ * (the state is unchanged and the miss is journaled), or -EINVAL. The state
+ * moves to `next` and the transition is journaled before the action runs,
+ * so an action may dispatch to its own instance again, or free it. */
 int fsm_dispatch(fsm_inst_t *inst, const fsm_event_t *ev);
 void fsm_init(fsm_inst_t *inst, const fsm_machine_t *m, int initial, uint32_t actor_id,
               uint32_t group);
@@ -86,15 +88,22 @@ typedef struct fsm_record {
   uint16_t to;       /* FSM_JOURNAL_MISS for an event with no transition */
 } fsm_record_t;
 
-/* Capacity (records, rounded to a power of two); call before use, else default 65536. */
+/* Capacity (records, rounded up to a power of two; 0: default 65536); call
+ * before use. Calling it again discards the records held (not the total) and
+ * must not race with appends or snapshots. */
 void fsm_journal_configure(size_t capacity);
+/* Appends are no-ops while disabled (the default is enabled). */
 void fsm_journal_enable(bool on);
+bool fsm_journal_enabled(void);
+/* Thread safe, lock free. A writer that falls a whole ring behind drops its
+ * record rather than tear a newer one. */
 void fsm_journal_append(const fsm_record_t *r);
 /* Copy the newest records (oldest first) into out; returns how many (<= max). */
 size_t fsm_journal_snapshot(fsm_record_t *out, size_t max);
 /* Total records ever appended (monotonic). */
 uint64_t fsm_journal_total(void);
-/* Register a machine so its id can be resolved back to names. Idempotent. */
+/* Register a machine so its id can be resolved back to names. Idempotent and
+ * thread safe; register before dispatching (it writes m->id). Ids start at 1. */
 void fsm_machine_register(fsm_machine_t *m);
 const fsm_machine_t *fsm_machine_lookup(uint16_t id);
 
@@ -113,18 +122,29 @@ struct fsm_actor {
 };
 
 /* A scheduler runs actors' mailboxes to completion from a libevent loop.
- * Posting is thread safe (it wakes the loop); dispatch happens only on the
- * loop's thread. */
+ * Posting is thread safe (it wakes the loop through an eventfd, so libevent's
+ * thread support is not needed); dispatch happens only on the loop's thread.
+ * The scheduler keeps a persistent event on `base`, so event_base_dispatch()
+ * returns only on loopbreak/loopexit. base NULL: no loop, the owner calls
+ * fsm_sched_run(). */
 fsm_sched_t *fsm_sched_create(struct event_base *base);
+/* Finalise every actor first; call before freeing the base. */
 void fsm_sched_destroy(fsm_sched_t *s);
 int fsm_actor_init(fsm_actor_t *a, fsm_sched_t *s, const fsm_machine_t *m, int initial,
                    uint32_t actor_id, uint32_t group);
+/* Drops pending events and unlinks the actor. Call on the loop thread (an
+ * action may fini its own actor), once nobody posts to it any more. */
 void fsm_actor_fini(fsm_actor_t *a);
-/* Post an event; returns 0 or -ENOMEM. */
+/* Post an event (copied); returns 0, -ENOMEM, or -EINVAL (event out of
+ * range). From an action it only queues: dispatch is never re-entrant. */
 int fsm_actor_post(fsm_actor_t *a, const fsm_event_t *ev);
-/* Dispatch every pending event now (on the loop thread); returns how many. */
+/* Dispatch the events pending when called, one per ready actor in turn
+ * (on the loop thread); returns how many. Events posted meanwhile wait for
+ * the next run (the loop is woken for them). Returns 0 if called from an
+ * action. */
 size_t fsm_sched_run(fsm_sched_t *s);
-/* Snapshot of an actor: machine, state and queued events. */
+/* Snapshot of an actor: machine, state and queued events. The state is read
+ * unlocked: call on the loop thread, or while the loop is not running. */
 typedef struct fsm_snapshot {
   const char *machine;
   const char *state;
@@ -135,7 +155,9 @@ typedef struct fsm_snapshot {
 } fsm_snapshot_t;
 void fsm_actor_snapshot(const fsm_actor_t *a, fsm_snapshot_t *out);
 
-/* Error hook for unhandled events (default: log to stderr once per machine/state/event). */
+/* Error hook for unhandled events (default: log to stderr once per
+ * machine/state/event, at most 10 lines a second); NULL restores the default.
+ * Called on the dispatching thread. */
 typedef void (*fsm_error_fn)(const fsm_inst_t *inst, const fsm_event_t *ev);
 void fsm_set_error_handler(fsm_error_fn fn);
 

@@ -1,1 +1,179 @@
-/* placeholder: to be written */
+/*
+ * ring_allreduce.c - pipelined ring allreduce.
+ *
+ * The vector is cut into nranks segments; segment k is cut into chunks of
+ * at most chunk_bytes. Every chunk position c flows around the ring on its
+ * own, so sends, receives and reductions of different chunks overlap.
+ *
+ * Reduce-scatter, steps s = 0 .. n-2 (r = this rank, n = ranks):
+ *   send segment (r - s) to r+1, receive segment (r - s - 1) from r-1 into
+ *   scratch slot s%2, reduce it into recvbuf. After n-1 steps rank r holds
+ *   segment (r + 1) fully reduced (and, for AVG, scales it).
+ * Allgather, steps s = 0 .. n-2:
+ *   send segment (r + 1 - s) to r+1, receive segment (r - s) from r-1
+ *   straight into recvbuf; forward it at the next step.
+ *
+ *        rank0        rank1        rank2          (n = 3, RS step 0)
+ *   seg0 --send-->  +=recv
+ *   seg1              --send-->  +=recv
+ *   seg2  +=recv  <----------------send--
+ *
+ * Every segment is reduced in one order (along the ring, ending at its
+ * owner) and then copied, so all ranks end bitwise identical.
+ *
+ * Dependencies of chunk c:
+ *   RS recv(s)   after the last reduce that read scratch slot s%2 at c
+ *   RS reduce(s) after RS recv(s)
+ *   RS send(s)   after RS reduce(s-1)  (s >= 1; step 0 sends the input)
+ *   SCALE        after RS reduce(n-2)  (AVG only)
+ *   AG send(0)   after RS reduce(n-2) or SCALE
+ *   AG recv(s)   after RS send(s)      (that range of recvbuf is being sent)
+ *   AG send(s)   after AG recv(s-1)
+ * Message numbers: RS step s chunk c is s*nch + c; AG step s is (n-1+s)*nch + c.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "../plan.h"
+
+static size_t seg_count(size_t count, int n, int k) {
+  return count / (size_t)n + ((size_t)k < count % (size_t)n ? 1 : 0);
+}
+
+static size_t seg_start(size_t count, int n, int k) {
+  size_t base = count / (size_t)n, extra = count % (size_t)n;
+  return (size_t)k * base + ((size_t)k < extra ? (size_t)k : extra);
+}
+
+static int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
+
+int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, chorus_op op,
+                        bool inplace, size_t chunk_bytes, plan_t **out) {
+  const size_t es = chorus_dtype_size(dtype);
+  const int n = nranks, r = rank;
+  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  plan_builder_t b;
+  int rc;
+
+  *out = NULL;
+  if ((rc = plan_build_begin(&b, "ring", rank, nranks, count, dtype, op, inplace)))
+    return rc;
+
+  if (n == 1 || count == 0) {
+    if (!inplace && count) {
+      plan_step_t cp = {.kind = STEP_COPY, .bytes = count * es, .dst = {BUF_RECV, 0},
+                        .src = {BUF_SEND, 0}};
+      plan_add(&b, &cp);
+    }
+    return plan_build_end(&b, out);
+  }
+
+  size_t chunk_elems = chunk_bytes / es ? chunk_bytes / es : 1;
+  size_t max_seg = seg_count(count, n, 0);
+  uint32_t nch = (uint32_t)((max_seg + chunk_elems - 1) / chunk_elems);
+  if (nch == 0)
+    nch = 1;
+  size_t slot_bytes = max_seg * es;
+  b.plan->scratch_bytes = 2 * slot_bytes;
+
+  /* per chunk position, the step indices of the previous stages */
+  uint32_t *red = malloc(sizeof(uint32_t) * (size_t)(n - 1) * nch);
+  uint32_t *rs_send = malloc(sizeof(uint32_t) * (size_t)(n - 1) * nch);
+  uint32_t *ag_recv = malloc(sizeof(uint32_t) * (size_t)(n - 1) * nch);
+  /* last reduce that read each (scratch slot, chunk): the next receive into
+   * that place waits for it, whichever step it belonged to */
+  uint32_t *slot_user = malloc(sizeof(uint32_t) * 2 * nch);
+  if (!red || !rs_send || !ag_recv || !slot_user) {
+    b.err = -ENOMEM;
+    goto out;
+  }
+#define IDX(s, c) ((size_t)(s) * nch + (c))
+
+  for (uint32_t i = 0; i < 2 * nch; i++)
+    slot_user[i] = UINT32_MAX;
+  for (int s = 0; s < n - 1; s++) {
+    int ks = mod(r - s, n), kr = mod(r - s - 1, n);
+    for (uint32_t c = 0; c < nch; c++) {
+      size_t cs = (size_t)c * chunk_elems;
+      size_t ns = seg_count(count, n, ks), nr = seg_count(count, n, kr);
+      size_t ls = cs < ns ? (ns - cs < chunk_elems ? ns - cs : chunk_elems) : 0;
+      size_t lr = cs < nr ? (nr - cs < chunk_elems ? nr - cs : chunk_elems) : 0;
+      uint32_t msg = (uint32_t)s * nch + c;
+
+      rs_send[IDX(s, c)] = UINT32_MAX;
+      red[IDX(s, c)] = UINT32_MAX;
+      if (ls) {
+        size_t off = (seg_start(count, n, ks) + cs) * es;
+        plan_step_t st = {.kind = STEP_SEND, .peer = right, .msg = msg, .bytes = ls * es,
+                          .src = {s == 0 ? BUF_SEND : BUF_RECV, off}};
+        uint32_t i = plan_add(&b, &st);
+        if (s > 0)
+          plan_dep(&b, red[IDX(s - 1, c)], i);
+        rs_send[IDX(s, c)] = i;
+      }
+      if (lr) {
+        size_t off = (seg_start(count, n, kr) + cs) * es;
+        size_t soff = (size_t)(s % 2) * slot_bytes + cs * es;
+        plan_step_t rv = {.kind = STEP_RECV, .peer = left, .msg = msg, .bytes = lr * es,
+                          .dst = {BUF_SCRATCH, soff}};
+        uint32_t i = plan_add(&b, &rv);
+        plan_dep(&b, slot_user[(size_t)(s % 2) * nch + c], i);
+        plan_step_t rd = {.kind = STEP_REDUCE, .bytes = lr * es, .dst = {BUF_RECV, off},
+                          .src = {BUF_SCRATCH, soff}, .src2 = {inplace ? BUF_RECV : BUF_SEND, off}};
+        uint32_t j = plan_add(&b, &rd);
+        plan_dep(&b, i, j);
+        red[IDX(s, c)] = j;
+        slot_user[(size_t)(s % 2) * nch + c] = j;
+      }
+    }
+  }
+
+  for (int s = 0; s < n - 1; s++) {
+    int ks = mod(r + 1 - s, n), kr = mod(r - s, n);
+    for (uint32_t c = 0; c < nch; c++) {
+      size_t cs = (size_t)c * chunk_elems;
+      size_t ns = seg_count(count, n, ks), nr = seg_count(count, n, kr);
+      size_t ls = cs < ns ? (ns - cs < chunk_elems ? ns - cs : chunk_elems) : 0;
+      size_t lr = cs < nr ? (nr - cs < chunk_elems ? nr - cs : chunk_elems) : 0;
+      uint32_t msg = (uint32_t)(n - 1 + s) * nch + c;
+
+      ag_recv[IDX(s, c)] = UINT32_MAX;
+      if (ls) {
+        size_t off = (seg_start(count, n, ks) + cs) * es;
+        plan_step_t st = {.kind = STEP_SEND, .peer = right, .msg = msg, .bytes = ls * es,
+                          .src = {BUF_RECV, off}};
+        uint32_t i = plan_add(&b, &st);
+        if (s == 0) {
+          uint32_t last = red[IDX(n - 2, c)];
+          if (op == CHORUS_AVG) {
+            plan_step_t sc = {.kind = STEP_SCALE, .bytes = ls * es, .dst = {BUF_RECV, off}};
+            uint32_t k = plan_add(&b, &sc);
+            plan_dep(&b, last, k);
+            last = k;
+          }
+          plan_dep(&b, last, i);
+        } else {
+          plan_dep(&b, ag_recv[IDX(s - 1, c)], i);
+        }
+      }
+      if (lr) {
+        size_t off = (seg_start(count, n, kr) + cs) * es;
+        plan_step_t rv = {.kind = STEP_RECV, .peer = left, .msg = msg, .bytes = lr * es,
+                          .dst = {BUF_RECV, off}};
+        uint32_t i = plan_add(&b, &rv);
+        plan_dep(&b, rs_send[IDX(s, c)], i);
+        ag_recv[IDX(s, c)] = i;
+      }
+    }
+  }
+#undef IDX
+
+out:
+  free(red);
+  free(rs_send);
+  free(ag_recv);
+  free(slot_user);
+  return plan_build_end(&b, out);
+}

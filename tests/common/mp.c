@@ -1,1 +1,153 @@
-/* placeholder: to be written */
+/*
+ * mp.c - multi-process test fixture.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mp.h"
+
+int mp_free_port(void) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(a);
+  int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+
+  if (fd < 0)
+    return -1;
+  if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const char *const *env) {
+  mp_result_t res = {0};
+  pid_t pids[64];
+  char addr[64];
+  int port = mp_free_port();
+
+  if (size < 1 || size > 64 || port < 0) {
+    res.failed = size;
+    return res;
+  }
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+  fflush(stdout);
+  fflush(stderr);
+  for (int r = 0; r < size; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      for (const char *const *e = env; e && *e; e++)
+        putenv((char *)*e);
+      setenv("FI_TCP_IFACE", "lo", 0);
+      setenv("FI_UDP_IFACE", "lo", 0);
+      setenv("FI_SOCKETS_IFACE", "lo", 0);
+      int rc = fn(r, size, addr, arg);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc ? 1 : 0);
+    }
+    if (pids[r] < 0) {
+      res.failed++;
+      res.status[r] = -1;
+    }
+  }
+  int left = 0;
+  for (int r = 0; r < size; r++)
+    left += pids[r] > 0;
+  double deadline = now_s() + timeout_s;
+  while (left > 0) {
+    int st;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p > 0) {
+      for (int r = 0; r < size; r++) {
+        if (pids[r] != p)
+          continue;
+        pids[r] = 0;
+        left--;
+        if (WIFEXITED(st))
+          res.status[r] = WEXITSTATUS(st);
+        else
+          res.status[r] = -WTERMSIG(st);
+        if (res.status[r]) {
+          res.failed++;
+          fprintf(stderr, "mp_run: rank %d %s %d\n", r,
+                  WIFEXITED(st) ? "exited with status" : "killed by signal",
+                  WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        }
+      }
+      continue;
+    }
+    if (now_s() > deadline) {
+      res.timed_out = 1;
+      for (int r = 0; r < size; r++) {
+        if (pids[r] > 0) {
+          fprintf(stderr, "mp_run: rank %d still running after %.0f s: killed\n", r, timeout_s);
+          kill(pids[r], SIGKILL);
+          waitpid(pids[r], NULL, 0);
+          pids[r] = 0;
+          res.status[r] = -SIGKILL;
+          res.failed++;
+          left--;
+        }
+      }
+      break;
+    }
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return res;
+}
+
+static int count_dir(const char *path) {
+  DIR *d = opendir(path);
+  struct dirent *e;
+  int n = 0;
+
+  if (!d)
+    return -1;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+      n++;
+  closedir(d);
+  return n;
+}
+
+int mp_count_fds(void) {
+  int n = count_dir("/proc/self/fd");
+  return n > 0 ? n - 1 : n; /* the directory stream's own fd */
+}
+
+int mp_count_dev_shm(void) {
+  return count_dir("/dev/shm");
+}
+
+long mp_rss_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kib = -1;
+
+  if (!f)
+    return -1;
+  while (fgets(line, sizeof(line), f))
+    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+      break;
+  fclose(f);
+  return kib;
+}

@@ -1,0 +1,66 @@
+/*
+ * exec.h - running plans: every step is an instance of the step machine
+ *
+ *   WAIT --dep (last)--> READY --posted--> POSTED --complete--> DONE
+ *     \--dep--> WAIT       \--run (local steps)-----------------> DONE
+ *   any live state --error/cancel--> FAILED
+ *
+ * driven by transport completions on the communicator's progress thread.
+ * Every transition is journaled (fsm journal), so a dump shows where each
+ * step of each collective stands.
+ */
+#ifndef CHORUS_EXEC_H
+#define CHORUS_EXEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsm.h"
+#include "plan.h"
+#include "prov.h"
+
+typedef struct exec exec_t;
+
+/* What all running plans of one communicator share. Only the progress
+ * thread touches it. */
+typedef struct exec_ctx {
+  prov_t *prov;
+  int rank;
+  uint8_t comm_id;
+  size_t max_posted;     /* per direction */
+  size_t posted_sends, posted_recvs;
+  exec_t *active;        /* running plans, oldest first */
+  exec_t *active_tail;
+  void *scratch;         /* cached scratch buffer, lent to one plan at a time */
+  size_t scratch_bytes;
+  bool scratch_lent;
+} exec_ctx_t;
+
+typedef void (*exec_done_fn)(exec_t *ex, int status, void *arg);
+
+/* Creates a run of `plan` over the given buffers (the plan is borrowed and
+ * must outlive the run). Returns NULL on allocation failure. */
+exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, void *recvbuf,
+                    uint16_t seq, exec_done_fn done, void *arg);
+/* Starts it (progress thread): makes initial steps ready. */
+void exec_start(exec_ctx_t *ctx, exec_t *ex);
+/* Drives every active run: runs ready local steps, posts ready sends and
+ * receives within the posting budget. Returns the number of steps advanced.
+ * Finished runs get their done callback and are freed. */
+size_t exec_drive(exec_ctx_t *ctx);
+/* Fails every active run with `status` (cancels what is posted). */
+void exec_fail_all(exec_ctx_t *ctx, int status);
+/* True when nothing is running. */
+bool exec_idle(const exec_ctx_t *ctx);
+void exec_ctx_fini(exec_ctx_t *ctx);
+
+/* Tag layout (64 bits): source rank 16 | communicator 8 | sequence 16 | message 24. */
+static inline uint64_t exec_tag(int src, uint8_t comm_id, uint16_t seq, uint32_t msg) {
+  return ((uint64_t)(uint16_t)src << 48) | ((uint64_t)comm_id << 40) | ((uint64_t)seq << 24) |
+         (msg & 0xffffffu);
+}
+
+extern fsm_machine_t exec_step_machine;
+
+#endif

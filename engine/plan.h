@@ -1,0 +1,91 @@
+/*
+ * plan.h - a collective compiled for one rank: a graph of steps.
+ *
+ * A step is SEND (a byte range to a peer), RECV (from a peer into a byte
+ * range), REDUCE (dst = a op b over elements), COPY (dst = src) or SCALE
+ * (dst /= nranks, the end of CHORUS_AVG). A step runs when every step it
+ * depends on is done. Byte ranges name one of three buffers: the user's send
+ * buffer, the user's receive buffer, or the communicator's scratch buffer.
+ *
+ * Algorithms (engine/algos/) are pure functions from (rank, nranks, count,
+ * chunking) to a plan; they call no transport. The executor (exec.c) runs a
+ * plan; the same plan could be run in-process for thousands of ranks.
+ *
+ * Messages: a SEND of rank r and the RECV of its peer that matches it carry
+ * the same `msg` number, unique among the messages r sends in one plan.
+ */
+#ifndef CHORUS_PLAN_H
+#define CHORUS_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chorus.h"
+
+enum plan_step_kind { STEP_SEND, STEP_RECV, STEP_REDUCE, STEP_COPY, STEP_SCALE, STEP_KIND_COUNT };
+enum plan_buf { BUF_SEND, BUF_RECV, BUF_SCRATCH, BUF_COUNT };
+
+const char *plan_step_kind_str(int kind);
+const char *plan_buf_str(int buf);
+
+typedef struct plan_ref {
+  uint8_t buf;   /* enum plan_buf */
+  size_t off;    /* bytes */
+} plan_ref_t;
+
+typedef struct plan_step {
+  uint8_t kind;      /* enum plan_step_kind */
+  int peer;          /* SEND/RECV */
+  uint32_t msg;      /* SEND/RECV: message number (see above) */
+  size_t bytes;      /* bytes moved or reduced */
+  plan_ref_t dst;    /* RECV, REDUCE, COPY, SCALE */
+  plan_ref_t src;    /* SEND, REDUCE (a), COPY */
+  plan_ref_t src2;   /* REDUCE (b) */
+  uint32_t ndeps;    /* steps this one waits for */
+  uint32_t succ_off; /* its successors: plan->succ[succ_off .. succ_off+nsucc) */
+  uint32_t nsucc;
+} plan_step_t;
+
+typedef struct plan {
+  const char *algo;    /* "ring", ... */
+  int rank, nranks;
+  size_t count;
+  chorus_dtype dtype;
+  chorus_op op;
+  bool inplace;
+  size_t scratch_bytes; /* scratch the plan needs */
+  uint32_t nsteps;
+  plan_step_t *steps;
+  uint32_t *succ;       /* successor lists, CSR */
+  uint32_t nmsgs;       /* msg numbers used are < nmsgs */
+} plan_t;
+
+/* ---- building ---- */
+typedef struct plan_builder {
+  plan_t *plan;
+  uint32_t cap_steps;
+  uint32_t (*edges)[2]; /* (from, to) */
+  size_t nedges, cap_edges;
+  int err;
+} plan_builder_t;
+
+/* Starts an empty plan; returns 0 or -ENOMEM. */
+int plan_build_begin(plan_builder_t *b, const char *algo, int rank, int nranks, size_t count,
+                     chorus_dtype dtype, chorus_op op, bool inplace);
+/* Add a step; returns its index, or UINT32_MAX after an allocation failure
+ * (remembered: plan_build_end then fails). */
+uint32_t plan_add(plan_builder_t *b, const plan_step_t *s);
+/* `to` waits for `from`. UINT32_MAX on either side is ignored (no step). */
+void plan_dep(plan_builder_t *b, uint32_t from, uint32_t to);
+/* Finish: builds the successor lists. Returns 0 with *out set, or -ENOMEM. */
+int plan_build_end(plan_builder_t *b, plan_t **out);
+void plan_free(plan_t *p);
+
+/* ---- algorithms ---- */
+/* Ring allreduce: reduce-scatter then allgather, each segment cut into chunks
+ * of at most chunk_bytes that flow through the ring independently. */
+int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, chorus_op op,
+                        bool inplace, size_t chunk_bytes, plan_t **out);
+
+#endif

@@ -1,0 +1,32 @@
+/*
+ * mp.h - multi-process test fixture: run a function as N ranks, each in its
+ * own forked process, with a rendezvous address on loopback.
+ */
+#ifndef CHORUS_TEST_MP_H
+#define CHORUS_TEST_MP_H
+
+#include <stddef.h>
+
+/* Body of one rank: return 0 on success; print the reason before failing. */
+typedef int (*mp_rank_fn)(int rank, int size, const char *rendezvous, void *arg);
+
+typedef struct mp_result {
+  int failed;          /* ranks that returned non-zero, crashed or timed out */
+  int timed_out;       /* 1 when the run was killed at the timeout */
+  int status[64];      /* exit status per rank (-signal when killed) */
+} mp_result_t;
+
+/* A free TCP port on 127.0.0.1. */
+int mp_free_port(void);
+/* Runs fn as `size` ranks (size <= 64). `env` is a NULL-terminated list of
+ * "NAME=value" set in every rank (may be NULL). Returns the result. */
+mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const char *const *env);
+
+/* Open file descriptors of this process. */
+int mp_count_fds(void);
+/* Resident set size of this process in KiB. */
+long mp_rss_kib(void);
+/* Entries in /dev/shm. */
+int mp_count_dev_shm(void);
+
+#endif

@@ -1,0 +1,93 @@
+/*
+ * Allreduce between processes over real libfabric providers: every dtype x
+ * op x count {0, 1, prime} in and out of place, and 16M elements in place,
+ * at 1, 2, 3, 4 and 8 ranks (8 ranks on 2 cores: oversubscribed).
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "chorus.h"
+#include "mp.h"
+
+#define PRIME 7919
+#define BIG (16u * 1024 * 1024)
+
+static int run_case(chorus_comm_t *c, int rank, int n, size_t count, chorus_dtype dt, chorus_op op,
+                    int inplace) {
+  size_t es = chorus_dtype_size(dt);
+  char *in = malloc(count * es + 1), *out = malloc(count * es + 1);
+  int bad = 0;
+
+  if (!in || !out) {
+    fprintf(stderr, "rank %d: out of memory\n", rank);
+    free(in);
+    free(out);
+    return 1;
+  }
+  chk_fill(in, count, dt, op, rank);
+  memset(out, 0xA5, count * es);
+  chorus_result rc = inplace ? chorus_allreduce(c, in, in, count, dt, op)
+                             : chorus_allreduce(c, in, out, count, dt, op);
+  if (rc) {
+    fprintf(stderr, "rank %d: allreduce %s/%s count %zu: %s: %s\n", rank, chorus_dtype_name(dt),
+            chorus_op_name(op), count, chorus_strerror(rc), chorus_comm_last_error(c));
+    bad = 1;
+  } else if (chk_verify(inplace ? in : out, count, dt, op, n, rank,
+                        inplace ? "in-place" : "out-of-place")) {
+    bad = 1;
+  }
+  free(in);
+  free(out);
+  return bad;
+}
+
+static int matrix_rank(int rank, int size, const char *addr, void *arg) {
+  chorus_comm_t *c;
+  chorus_result rc = chorus_comm_init(&c, rank, size, addr);
+  int bad = 0;
+
+  if (rc) {
+    fprintf(stderr, "rank %d: init: %s: %s\n", rank, chorus_strerror(rc), chorus_last_error());
+    return 1;
+  }
+  static const size_t counts[] = {0, 1, PRIME};
+  for (int dt = 0; dt < CHORUS_DTYPE_COUNT && !bad; dt++)
+    for (int op = 0; op < CHORUS_OP_COUNT && !bad; op++)
+      for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]) && !bad; k++)
+        for (int inplace = 0; inplace < 2 && !bad; inplace++)
+          bad |= run_case(c, rank, size, counts[k], (chorus_dtype)dt, (chorus_op)op, inplace);
+  if (!bad)
+    bad |= run_case(c, rank, size, BIG, CHORUS_FLOAT32, CHORUS_SUM, 1);
+  if (!bad && size <= 4)
+    bad |= run_case(c, rank, size, BIG, CHORUS_BFLOAT16, CHORUS_AVG, 1);
+  rc = chorus_comm_destroy(c);
+  if (rc) {
+    fprintf(stderr, "rank %d: destroy: %s: %s\n", rank, chorus_strerror(rc), chorus_last_error());
+    bad = 1;
+  }
+  return bad;
+}
+
+static void run_matrix(const char *prov, int n) {
+  char env[64];
+  snprintf(env, sizeof(env), "CHORUS_PROVIDER=%s", prov);
+  const char *envs[] = {env, "CHORUS_CONNECT_TIMEOUT=60", NULL};
+  mp_result_t r = mp_run(n, matrix_rank, NULL, 240, envs);
+  cr_assert_eq(r.timed_out, 0, "%s at %d ranks: timed out", prov, n);
+  cr_assert_eq(r.failed, 0, "%s at %d ranks: %d rank(s) failed", prov, n, r.failed);
+}
+
+TestSuite(allreduce_mp, .timeout = 300);
+
+Test(allreduce_mp, shm_1) { run_matrix("shm", 1); }
+Test(allreduce_mp, shm_2) { run_matrix("shm", 2); }
+Test(allreduce_mp, shm_3) { run_matrix("shm", 3); }
+Test(allreduce_mp, shm_4) { run_matrix("shm", 4); }
+Test(allreduce_mp, shm_8) { run_matrix("shm", 8); }
+Test(allreduce_mp, tcp_1) { run_matrix("tcp", 1); }
+Test(allreduce_mp, tcp_2) { run_matrix("tcp", 2); }
+Test(allreduce_mp, tcp_3) { run_matrix("tcp", 3); }
+Test(allreduce_mp, tcp_4) { run_matrix("tcp", 4); }
+Test(allreduce_mp, tcp_8) { run_matrix("tcp", 8); }

@@ -1,0 +1,225 @@
+/*
+ * The API's contract at its edges: every bad input answered by its own code
+ * and a message, and communicators created and destroyed hundreds of times
+ * with no growth in memory, fds or /dev/shm entries.
+ */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chorus.h"
+#include "mp.h"
+
+static chorus_comm_t *solo(void) {
+  char addr[64];
+  chorus_comm_t *c = NULL;
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", mp_free_port());
+  chorus_result rc = chorus_comm_init(&c, 0, 1, addr);
+  cr_assert_eq(rc, CHORUS_SUCCESS, "init: %s: %s", chorus_strerror(rc), chorus_last_error());
+  return c;
+}
+
+#define EXPECT(call, code, needle, msgfn)                                                          \
+  do {                                                                                             \
+    chorus_result rc_ = (call);                                                                    \
+    cr_expect_eq(rc_, code, "%s returned %d (%s), want %d", #call, rc_, chorus_strerror(rc_),     \
+                 code);                                                                            \
+    cr_expect(strstr(msgfn, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", #call, msgfn,    \
+              needle);                                                                             \
+  } while (0)
+
+TestSuite(api, .timeout = 120);
+
+Test(api, init_arguments) {
+  chorus_comm_t *c = (chorus_comm_t *)0x1;
+  EXPECT(chorus_comm_init(NULL, 0, 1, "127.0.0.1:1"), CHORUS_ERR_INVALID_ARG, "comm is NULL",
+         chorus_last_error());
+  EXPECT(chorus_comm_init(&c, 2, 2, "127.0.0.1:1"), CHORUS_ERR_INVALID_ARG, "rank 2",
+         chorus_last_error());
+  cr_expect_null(c);
+  EXPECT(chorus_comm_init(&c, -1, 2, "127.0.0.1:1"), CHORUS_ERR_INVALID_ARG, "rank -1",
+         chorus_last_error());
+  EXPECT(chorus_comm_init(&c, 0, 0, "127.0.0.1:1"), CHORUS_ERR_INVALID_ARG, "size 0",
+         chorus_last_error());
+  EXPECT(chorus_comm_init(&c, 0, 1, NULL), CHORUS_ERR_INVALID_ARG, "rendezvous",
+         chorus_last_error());
+  EXPECT(chorus_comm_init(&c, 0, 1, "nohostport"), CHORUS_ERR_INVALID_ARG, "host:port",
+         chorus_last_error());
+}
+
+Test(api, init_from_env_missing) {
+  static const char *vars[] = {"CHORUS_RANK", "CHORUS_WORLD_SIZE", "CHORUS_RENDEZVOUS", "RANK",
+                               "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
+                               "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"};
+  for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+    unsetenv(vars[i]);
+  chorus_comm_t *c;
+  chorus_result rc = chorus_comm_init_from_env(&c);
+  cr_expect_eq(rc, CHORUS_ERR_ENV, "got %s", chorus_strerror(rc));
+  cr_expect(strstr(chorus_last_error(), "RANK") != NULL, "message: %s", chorus_last_error());
+  setenv("RANK", "abc", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "1", 1);
+  rc = chorus_comm_init_from_env(&c);
+  cr_expect_eq(rc, CHORUS_ERR_ENV, "got %s", chorus_strerror(rc));
+  cr_expect(strstr(chorus_last_error(), "RANK") != NULL, "message: %s", chorus_last_error());
+}
+
+Test(api, collective_arguments) {
+  chorus_comm_t *c = solo();
+  float buf[4] = {1, 2, 3, 4}, out[4];
+  chorus_request_t *req = NULL;
+
+  EXPECT(chorus_allreduce(c, NULL, out, 4, CHORUS_FLOAT32, CHORUS_SUM), CHORUS_ERR_INVALID_ARG,
+         "sendbuf is NULL", chorus_comm_last_error(c));
+  EXPECT(chorus_allreduce(c, buf, NULL, 4, CHORUS_FLOAT32, CHORUS_SUM), CHORUS_ERR_INVALID_ARG,
+         "recvbuf is NULL", chorus_comm_last_error(c));
+  EXPECT(chorus_allreduce(c, buf, out, SIZE_MAX, CHORUS_FLOAT32, CHORUS_SUM),
+         CHORUS_ERR_COUNT_OVERFLOW, "overflows", chorus_comm_last_error(c));
+  EXPECT(chorus_allreduce(c, buf, out, 4, (chorus_dtype)99, CHORUS_SUM), CHORUS_ERR_INVALID_DTYPE,
+         "datatype 99", chorus_comm_last_error(c));
+  EXPECT(chorus_allreduce(c, buf, out, 4, (chorus_dtype)-1, CHORUS_SUM), CHORUS_ERR_INVALID_DTYPE,
+         "datatype -1", chorus_comm_last_error(c));
+  EXPECT(chorus_allreduce(c, buf, out, 4, CHORUS_FLOAT32, (chorus_op)42), CHORUS_ERR_INVALID_OP,
+         "op 42", chorus_comm_last_error(c));
+  EXPECT(chorus_allreduce(c, buf, buf + 1, 3, CHORUS_FLOAT32, CHORUS_SUM), CHORUS_ERR_INVALID_ARG,
+         "overlap", chorus_comm_last_error(c));
+  EXPECT(chorus_iallreduce(c, buf, out, 4, CHORUS_FLOAT32, CHORUS_SUM, NULL),
+         CHORUS_ERR_INVALID_ARG, "req is NULL", chorus_comm_last_error(c));
+  /* the buffers were not touched by any failed call */
+  cr_expect(buf[0] == 1 && buf[3] == 4);
+  /* count 0 with NULL buffers is a valid no-op */
+  cr_expect_eq(chorus_allreduce(c, NULL, NULL, 0, CHORUS_FLOAT32, CHORUS_SUM), CHORUS_SUCCESS);
+
+  /* requests */
+  EXPECT(chorus_wait(NULL), CHORUS_ERR_INVALID_REQUEST, "not a live request", chorus_last_error());
+  cr_assert_eq(chorus_iallreduce(c, buf, out, 4, CHORUS_FLOAT32, CHORUS_SUM, &req),
+               CHORUS_SUCCESS);
+  chorus_request_t *copy = req;
+  cr_expect_eq(chorus_wait(&req), CHORUS_SUCCESS);
+  cr_expect_null(req);
+  cr_expect(out[0] == 1 && out[3] == 4);
+  EXPECT(chorus_wait(&copy), CHORUS_ERR_INVALID_REQUEST, "not a live request",
+         chorus_last_error());
+  int done = 0;
+  EXPECT(chorus_test(&copy, &done), CHORUS_ERR_INVALID_REQUEST, "not a live request",
+         chorus_last_error());
+
+  int v;
+  EXPECT(chorus_comm_rank(c, NULL), CHORUS_ERR_INVALID_ARG, "NULL", chorus_last_error());
+  cr_expect_eq(chorus_comm_size(c, &v), CHORUS_SUCCESS);
+  cr_expect_eq(v, 1);
+  cr_assert_eq(chorus_comm_destroy(c), CHORUS_SUCCESS);
+
+  /* use after destroy: recognised, never dereferenced */
+  EXPECT(chorus_allreduce(c, buf, out, 4, CHORUS_FLOAT32, CHORUS_SUM), CHORUS_ERR_INVALID_COMM,
+         "not a live communicator", chorus_last_error());
+  EXPECT(chorus_comm_destroy(c), CHORUS_ERR_INVALID_COMM, "already destroyed",
+         chorus_last_error());
+  EXPECT(chorus_comm_rank(c, &v), CHORUS_ERR_INVALID_COMM, "not a live", chorus_last_error());
+  EXPECT(chorus_comm_destroy(NULL), CHORUS_ERR_INVALID_COMM, "not a live", chorus_last_error());
+  cr_expect_str_eq(chorus_comm_last_error(c), "invalid or destroyed communicator");
+}
+
+Test(api, names) {
+  cr_expect_str_eq(chorus_dtype_name(CHORUS_BFLOAT16), "bfloat16");
+  cr_expect_null(chorus_dtype_name((chorus_dtype)77));
+  cr_expect_eq(chorus_dtype_size(CHORUS_FLOAT16), 2);
+  cr_expect_eq(chorus_dtype_size((chorus_dtype)77), 0);
+  cr_expect_str_eq(chorus_op_name(CHORUS_AVG), "avg");
+  for (int rc = 0; rc >= CHORUS_ERR_ENV; rc--)
+    cr_expect(strcmp(chorus_strerror((chorus_result)rc), "unknown result code") != 0, "code %d",
+              rc);
+  cr_expect_str_eq(chorus_strerror((chorus_result)-999), "unknown result code");
+}
+
+/* ---- wrong token: the intruder is refused, the job names it as missing ---- */
+static int token_rank(int rank, int size, const char *addr, void *arg) {
+  chorus_comm_t *c;
+  setenv("CHORUS_JOB_TOKEN", rank == 1 ? "intruder" : "secret-job", 1);
+  setenv("CHORUS_CONNECT_TIMEOUT", "3", 1);
+  chorus_result rc = chorus_comm_init(&c, rank, size, addr);
+  if (rank == 1) {
+    if (rc != CHORUS_ERR_AUTH || !strstr(chorus_last_error(), "token")) {
+      fprintf(stderr, "rank 1: want CHORUS_ERR_AUTH, got %s: %s\n", chorus_strerror(rc),
+              chorus_last_error());
+      return 1;
+    }
+    return 0;
+  }
+  if (rc != CHORUS_ERR_TIMEOUT || !strstr(chorus_last_error(), "1")) {
+    fprintf(stderr, "rank 0: want CHORUS_ERR_TIMEOUT naming rank 1, got %s: %s\n",
+            chorus_strerror(rc), chorus_last_error());
+    return 1;
+  }
+  return 0;
+}
+
+Test(api, wrong_token) {
+  mp_result_t r = mp_run(2, token_rank, NULL, 30, NULL);
+  cr_assert_eq(r.failed, 0);
+}
+
+/* ---- create/destroy cycles ---- */
+#define CYCLES 500
+static int cycle_rank(int rank, int size, const char *addr, void *arg) {
+  int fds_base = 0;
+  long rss_base = 0;
+  float x[64];
+
+  for (int i = 0; i < CYCLES; i++) {
+    chorus_comm_t *c;
+    chorus_result rc = chorus_comm_init(&c, rank, size, addr);
+    if (rc) {
+      fprintf(stderr, "rank %d cycle %d: init: %s: %s\n", rank, i, chorus_strerror(rc),
+              chorus_last_error());
+      return 1;
+    }
+    for (int k = 0; k < 64; k++)
+      x[k] = (float)(rank + k);
+    rc = chorus_allreduce(c, x, x, 64, CHORUS_FLOAT32, CHORUS_SUM);
+    if (rc || x[5] != (float)(size * 5 + size * (size - 1) / 2)) {
+      fprintf(stderr, "rank %d cycle %d: allreduce %s (%g)\n", rank, i, chorus_strerror(rc), x[5]);
+      return 1;
+    }
+    if ((rc = chorus_comm_destroy(c))) {
+      fprintf(stderr, "rank %d cycle %d: destroy: %s\n", rank, i, chorus_last_error());
+      return 1;
+    }
+    if (i == 49) {
+      fds_base = mp_count_fds();
+      rss_base = mp_rss_kib();
+    }
+  }
+  int fds = mp_count_fds();
+  long rss = mp_rss_kib();
+  printf("rank %d: after %d cycles: fds %d (at 50: %d), rss %ld KiB (at 50: %ld KiB)\n", rank,
+         CYCLES, fds, fds_base, rss, rss_base);
+  if (fds != fds_base) {
+    fprintf(stderr, "rank %d: fd count grew from %d to %d\n", rank, fds_base, fds);
+    return 1;
+  }
+  if (rss - rss_base > 4096) {
+    fprintf(stderr, "rank %d: RSS grew by %ld KiB over %d cycles\n", rank, rss - rss_base,
+            CYCLES - 50);
+    return 1;
+  }
+  return 0;
+}
+
+static void cycles(const char *prov) {
+  char env[64];
+  snprintf(env, sizeof(env), "CHORUS_PROVIDER=%s", prov);
+  const char *envs[] = {env, NULL};
+  int shm_before = mp_count_dev_shm();
+  mp_result_t r = mp_run(2, cycle_rank, NULL, 400, envs);
+  cr_assert_eq(r.failed, 0, "%s: %d rank(s) failed", prov, r.failed);
+  cr_expect_eq(mp_count_dev_shm(), shm_before, "%s: /dev/shm had %d entries, now %d", prov,
+               shm_before, mp_count_dev_shm());
+}
+
+Test(api, create_destroy_500_shm, .timeout = 500) { cycles("shm"); }
+Test(api, create_destroy_500_tcp, .timeout = 500) { cycles("tcp"); }
