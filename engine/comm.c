@@ -144,7 +144,7 @@ static int local_allgather(eng_local_job_t *j, int rank, const void *mine, size_
 
 static int comm_allgather(chorus_comm_t *c, const void *mine, size_t len, void ***ptrs,
                           size_t **lens, double timeout_s) {
-  char err[512];
+  char err[1024];
   int rc;
 
   if (c->local) {
@@ -238,8 +238,9 @@ static void *progress_main(void *arg) {
       continue;
     }
     struct timeval tv;
-    if (p->ops->wait_fd(p) < 0) {
-      /* the transport can not wake us: poll on a timer, backing off to 1 ms */
+    if (p->ops->wait_fd(p) < 0 || c->ex.stalled) {
+      /* the transport can not wake us, or a post met -EAGAIN (a connection
+       * being set up does not signal the fd): poll on a timer, backing off to 1 ms */
       tv.tv_sec = 0;
       tv.tv_usec = backoff_us;
       if (backoff_us < 1000)
@@ -453,7 +454,7 @@ static const char *choose_provider(chorus_comm_t *c, const char *host) {
 }
 
 static chorus_result comm_setup(chorus_comm_t *c, const char *host) {
-  char err[512] = "";
+  char err[1024] = "";
   chorus_result ret;
   int rc;
 
@@ -490,7 +491,7 @@ static chorus_result comm_register(chorus_comm_t *c) {
 
 CHORUS_API chorus_result chorus_comm_init(chorus_comm_t **comm, int rank, int size,
                                           const char *rendezvous) {
-  char err[512];
+  char err[1024];
   char host[256];
   chorus_comm_t *c;
   chorus_result ret;
@@ -547,7 +548,7 @@ out_free:
 
 CHORUS_API chorus_result chorus_comm_init_from_env(chorus_comm_t **comm) {
   chorus_launch_env_t e;
-  char err[512];
+  char err[1024];
 
   if (!comm)
     return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init_from_env: comm is NULL");
@@ -558,7 +559,7 @@ CHORUS_API chorus_result chorus_comm_init_from_env(chorus_comm_t **comm) {
 }
 
 chorus_result eng_comm_init_local(eng_local_job_t *job, int rank, chorus_comm_t **out) {
-  char err[512];
+  char err[1024];
   chorus_comm_t *c;
   chorus_result ret;
 

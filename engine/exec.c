@@ -316,8 +316,10 @@ static size_t drive_one(exec_ctx_t *ctx, exec_t *ex) {
   /* receives first: a posted receive lets the peer's send complete */
   while (ex->qr_head < ex->qr_tail && ctx->posted_recvs < ctx->max_posted) {
     int rc = post_step(ctx, ex, ex->q_recv[ex->qr_head]);
-    if (rc == -EAGAIN)
+    if (rc == -EAGAIN) {
+      ctx->stalled = true;
       break;
+    }
     ex->qr_head++;
     moved++;
     if (rc)
@@ -325,8 +327,10 @@ static size_t drive_one(exec_ctx_t *ctx, exec_t *ex) {
   }
   while (ex->qs_head < ex->qs_tail && ctx->posted_sends < ctx->max_posted) {
     int rc = post_step(ctx, ex, ex->q_send[ex->qs_head]);
-    if (rc == -EAGAIN)
+    if (rc == -EAGAIN) {
+      ctx->stalled = true;
       break;
+    }
     ex->qs_head++;
     moved++;
     if (rc)
@@ -339,6 +343,7 @@ size_t exec_drive(exec_ctx_t *ctx) {
   size_t moved = 0;
   exec_t *prev = NULL, *ex = ctx->active;
 
+  ctx->stalled = false;
   while (ex) {
     exec_t *next = ex->next;
     moved += drive_one(ctx, ex);

@@ -26,7 +26,7 @@ mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const c
 int mp_count_fds(void);
 /* Resident set size of this process in KiB. */
 long mp_rss_kib(void);
-/* Entries in /dev/shm. */
+/* Entries in /dev/shm that Chorus or libfabric's shm provider create. */
 int mp_count_dev_shm(void);
 
 #endif

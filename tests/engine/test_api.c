@@ -150,7 +150,7 @@ static int token_rank(int rank, int size, const char *addr, void *arg) {
     }
     return 0;
   }
-  if (rc != CHORUS_ERR_TIMEOUT || !strstr(chorus_last_error(), "1")) {
+  if (rc != CHORUS_ERR_TIMEOUT || !strstr(chorus_last_error(), "1 never arrived")) {
     fprintf(stderr, "rank 0: want CHORUS_ERR_TIMEOUT naming rank 1, got %s: %s\n",
             chorus_strerror(rc), chorus_last_error());
     return 1;
