@@ -7,6 +7,8 @@
 # over the same sizes, keeps every JSON line, then prints per size the median
 # busbw of each, their ratio (chorus / MPI: above 1 means Chorus is faster) and
 # the median time per call of each, plus the median wall time of a whole run.
+# "Median" is the run of median time per size (the faster of the two middle
+# runs for an even number of rounds), so time and busbw come from one run.
 # The MPI transport matches the Chorus provider: shm -> btl self,vader;
 # tcp -> btl self,tcp over lo (and FI_TCP_IFACE=lo for Chorus unless set).
 set -euo pipefail
@@ -31,6 +33,7 @@ usage: scripts/bench-vs-mpi.sh [options]
                   tools/mpi-perf (default ./build)
   --out DIR       keep the raw JSON lines and logs there (default: a new temp dir)
   --chorus-only   run only Chorus     --mpi-only   run only MPI
+  --report DIR    run nothing: print the tables again from an earlier --out DIR
   -h, --help      this help
 Exit status: 0 ok, 1 a run failed or a result was wrong, 2 bad arguments.
 EOF
@@ -43,7 +46,7 @@ die_usage() {
 }
 
 ranks=2 provider=shm minb=8 maxb=64M factor=4 rounds=5 dtype=float32 op=sum
-iters="" warmup="" check=0 inplace=0 build=./build out="" run_chorus=1 run_mpi=1
+iters="" warmup="" check=0 inplace=0 build=./build out="" run_chorus=1 run_mpi=1 report=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) ranks=${2:?}; shift ;;
@@ -62,6 +65,7 @@ while [ $# -gt 0 ]; do
     --out) out=${2:?}; shift ;;
     --chorus-only) run_mpi=0 ;;
     --mpi-only) run_chorus=0 ;;
+    --report) report=${2:?}; shift ;;
     -h | --help) usage; exit 0 ;;
     *) die_usage "unknown option '$1'" ;;
   esac
@@ -76,6 +80,11 @@ case "$provider" in
   *) die_usage "-p must be shm or tcp" ;;
 esac
 command -v python3 >/dev/null || { echo "bench-vs-mpi.sh: python3 is needed" >&2; exit 2; }
+
+if [ -n "$report" ]; then
+  [ -d "$report" ] || die_usage "--report: no directory '$report'"
+  out=$report run_chorus=0 run_mpi=0
+fi
 
 chorus_run=$build/tools/chorus-run
 chorus_perf=$build/tools/chorus-perf
@@ -106,16 +115,28 @@ chorus_env=()
 if [ "$provider" = tcp ] && [ -z "${FI_TCP_IFACE:-}" ]; then
   chorus_env=(env FI_TCP_IFACE=lo)
 fi
-chorus_cmd=(${chorus_env[@]+"${chorus_env[@]}"} "$chorus_run" -n "$ranks" --provider "$provider" --
+chorus_cmd=(${chorus_env[@]+"${chorus_env[@]}"} "$chorus_run" -n "$ranks" --provider "$provider" --no-tag --
   "$chorus_perf" "${perf_args[@]}")
 # pml ob1 makes the btl choice binding (it is Open MPI's default pml here too).
 mpi_cmd=(mpirun --allow-run-as-root --oversubscribe -np "$ranks" --bind-to none
   --mca pml ob1 "${mpi_btl[@]}" "$mpi_perf" "${perf_args[@]}")
 
-echo "# bench-vs-mpi: $ranks ranks, provider $provider, $dtype $op, sizes $minb..$maxb x$factor," \
-  "$rounds rounds, raw output in $out"
-if [ $run_chorus = 1 ]; then echo "# chorus: ${chorus_cmd[*]}"; fi
-if [ $run_mpi = 1 ]; then echo "# mpi:    ${mpi_cmd[*]}"; fi
+if [ -z "$report" ]; then
+  echo "# bench-vs-mpi: $ranks ranks, provider $provider, $dtype $op, sizes $minb..$maxb" \
+    "x$factor, $rounds rounds, raw output in $out"
+else
+  echo "# bench-vs-mpi: report of $out"
+fi
+# print a command as a shell takes it back (copy, paste, rerun one alone)
+show_cmd() {
+  local a line=""
+  for a in "$@"; do
+    if [[ $a =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then line+=" $a"; else line+=" $(printf '%q' "$a")"; fi
+  done
+  echo "$line"
+}
+if [ $run_chorus = 1 ]; then echo "# chorus:$(show_cmd "${chorus_cmd[@]}")"; fi
+if [ $run_mpi = 1 ]; then echo "# mpi:   $(show_cmd "${mpi_cmd[@]}")"; fi
 
 now() { date +%s.%N; }
 failed=0
@@ -141,33 +162,41 @@ for ((round = 1; round <= rounds; round++)); do
   if [ $run_mpi = 1 ]; then run mpi "$round" "${mpi_cmd[@]}"; fi
 done
 
-python3 - "$out" "$rounds" <<'EOF' || failed=1
-import glob, json, os, statistics, sys
+python3 - "$out" <<'EOF' || failed=1
+import json, os, re, statistics, sys
 
-out, rounds = sys.argv[1], int(sys.argv[2])
+out = sys.argv[1]
 rows = {"chorus": {}, "mpi": {}}   # tool -> bytes -> list of records
 walls = {"chorus": [], "mpi": []}
 info = {}
 for tool in rows:
-    for r in range(1, rounds + 1):
-        path = os.path.join(out, f"{tool}-{r}.jsonl")
-        if os.path.exists(os.path.join(out, f"{tool}-{r}.wall")):
-            with open(os.path.join(out, f"{tool}-{r}.wall")) as f:
-                walls[tool].append(float(f.read()))
-        if not os.path.exists(path):
+    for name in sorted(os.listdir(out)):
+        m = re.fullmatch(tool + r"-(\d+)\.jsonl", name)
+        if not m:
             continue
+        path = os.path.join(out, name)
+        wall = os.path.join(out, f"{tool}-{m.group(1)}.wall")
+        if os.path.exists(wall):
+            with open(wall) as f:
+                walls[tool].append(float(f.read()))
         with open(path) as f:
             for line in f:
-                line = line.strip()
+                line = re.sub(r"^\[\d+\] ", "", line.strip())  # a launcher's rank tag
                 if not line.startswith("{"):
                     continue
                 rec = json.loads(line)
                 rows[tool].setdefault(rec["bytes"], []).append(rec)
                 info.setdefault(tool, rec)
 
-def med(recs, key):
-    vals = [r[key] for r in recs]
-    return statistics.median(vals) if vals else None
+def median_run(recs):
+    """The run of median time (the faster middle one for an even count), so
+    that its time and busbw are one observation and agree with each other."""
+    if not recs:
+        return None
+    return sorted(recs, key=lambda r: r["time_us"])[(len(recs) - 1) // 2]
+
+def get(rec, key):
+    return rec[key] if rec else None
 
 def fmt(v, spec):
     if v is None:
@@ -188,8 +217,9 @@ print(f"{'(B)':>12} {'':>10} {'(GB/s)':>13} {'(GB/s)':>10} {'c/m':>7} {'(median)
 bad = 0
 for b in sizes:
     c, m = rows["chorus"].get(b, []), rows["mpi"].get(b, [])
-    cb, mb = med(c, "busbw_gbs"), med(m, "busbw_gbs")
-    ct, mt = med(c, "time_us"), med(m, "time_us")
+    cr, mr = median_run(c), median_run(m)
+    cb, mb = get(cr, "busbw_gbs"), get(mr, "busbw_gbs")
+    ct, mt = get(cr, "time_us"), get(mr, "time_us")
     count = (c or m)[0]["count"]
     # busbw is 0 for 1 rank; compare times then (mpi time / chorus time)
     if cb and mb:
