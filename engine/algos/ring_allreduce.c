@@ -7,7 +7,8 @@
  *
  * Reduce-scatter, steps s = 0 .. n-2 (r = this rank, n = ranks):
  *   send segment (r - s) to r+1, receive segment (r - s - 1) from r-1 into
- *   scratch slot s%2, reduce it into recvbuf. After n-1 steps rank r holds
+ *   a scratch slot, reduce it into recvbuf. Scratch is a ring of
+ *   RING_SCRATCH_SLOTS chunk-sized slots taken in turn. After n-1 steps rank r holds
  *   segment (r + 1) fully reduced (and, for AVG, scales it).
  * Allgather, steps s = 0 .. n-2:
  *   send segment (r + 1 - s) to r+1, receive segment (r - s) from r-1
@@ -22,7 +23,7 @@
  * owner) and then copied, so all ranks end bitwise identical.
  *
  * Dependencies of chunk c:
- *   RS recv(s)   after the last reduce that read scratch slot s%2 at c
+ *   RS recv(s)   after the last reduce that read its scratch slot
  *   RS reduce(s) after RS recv(s)
  *   RS send(s)   after RS reduce(s-1)  (s >= 1; step 0 sends the input)
  *   SCALE        after RS reduce(n-2)  (AVG only)
@@ -35,6 +36,11 @@
 #include <stdlib.h>
 
 #include "../plan.h"
+
+#define RING_SCRATCH_SLOTS 8
+
+/* Every dependency points to an earlier (step, chunk) position, in an order
+ * that is the same on every rank, so no cycle can form across ranks. */
 
 static size_t seg_count(size_t count, int n, int k) {
   return count / (size_t)n + ((size_t)k < count % (size_t)n ? 1 : 0);
@@ -75,8 +81,13 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
   uint32_t nch = (uint32_t)((max_seg + chunk_elems - 1) / chunk_elems);
   if (nch == 0)
     nch = 1;
-  size_t slot_bytes = max_seg * es;
-  b.plan->scratch_bytes = 2 * slot_bytes;
+  /* Scratch is a small ring of chunk-sized slots, reused in turn, so that a
+   * chunk is still in cache when it is reduced and the footprint does not
+   * grow with the message. */
+  const uint32_t nslots = RING_SCRATCH_SLOTS;
+  size_t slot_bytes = (chunk_elems < max_seg ? chunk_elems : max_seg) * es;
+  b.plan->scratch_bytes = nslots * slot_bytes;
+  uint32_t next_slot = 0;
 
   /* per chunk position, the step indices of the previous stages */
   uint32_t *red = malloc(sizeof(uint32_t) * (size_t)(n - 1) * nch);
@@ -84,14 +95,14 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
   uint32_t *ag_recv = malloc(sizeof(uint32_t) * (size_t)(n - 1) * nch);
   /* last reduce that read each (scratch slot, chunk): the next receive into
    * that place waits for it, whichever step it belonged to */
-  uint32_t *slot_user = malloc(sizeof(uint32_t) * 2 * nch);
+  uint32_t *slot_user = malloc(sizeof(uint32_t) * nslots);
   if (!red || !rs_send || !ag_recv || !slot_user) {
     b.err = -ENOMEM;
     goto out;
   }
 #define IDX(s, c) ((size_t)(s) * nch + (c))
 
-  for (uint32_t i = 0; i < 2 * nch; i++)
+  for (uint32_t i = 0; i < nslots; i++)
     slot_user[i] = UINT32_MAX;
   for (int s = 0; s < n - 1; s++) {
     int ks = mod(r - s, n), kr = mod(r - s - 1, n);
@@ -115,17 +126,18 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
       }
       if (lr) {
         size_t off = (seg_start(count, n, kr) + cs) * es;
-        size_t soff = (size_t)(s % 2) * slot_bytes + cs * es;
+        uint32_t slot = next_slot++ % nslots;
+        size_t soff = (size_t)slot * slot_bytes;
         plan_step_t rv = {.kind = STEP_RECV, .peer = left, .msg = msg, .bytes = lr * es,
                           .dst = {BUF_SCRATCH, soff}};
         uint32_t i = plan_add(&b, &rv);
-        plan_dep(&b, slot_user[(size_t)(s % 2) * nch + c], i);
+        plan_dep(&b, slot_user[slot], i);
         plan_step_t rd = {.kind = STEP_REDUCE, .bytes = lr * es, .dst = {BUF_RECV, off},
                           .src = {BUF_SCRATCH, soff}, .src2 = {inplace ? BUF_RECV : BUF_SEND, off}};
         uint32_t j = plan_add(&b, &rd);
         plan_dep(&b, i, j);
         red[IDX(s, c)] = j;
-        slot_user[(size_t)(s % 2) * nch + c] = j;
+        slot_user[slot] = j;
       }
     }
   }
