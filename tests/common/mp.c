@@ -56,6 +56,7 @@ mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const c
   fflush(stderr);
   for (int r = 0; r < size; r++) {
     pids[r] = fork();
+    res.pids[r] = pids[r];
     if (pids[r] == 0) {
       for (const char *const *e = env; e && *e; e++)
         putenv((char *)*e);
@@ -142,25 +143,28 @@ int mp_count_fds(void) {
   return n > 0 ? n - 1 : n; /* the directory stream's own fd */
 }
 
-/* Only the names Chorus and libfabric's shm provider use ("<pid>:<n>:<n>"
- * regions, "chorus*"): other programs on the machine (Open MPI's vader
- * segments, Criterion's own) come and go on their own. */
-int mp_count_dev_shm(void) {
+int mp_count_dev_shm_of(const int *pids, int n) {
   DIR *d = opendir("/dev/shm");
   struct dirent *e;
-  int n = 0;
+  int found = 0;
 
   if (!d)
     return -1;
   while ((e = readdir(d))) {
-    unsigned a, b, c;
+    int pid;
+    unsigned a, b;
     char tail;
-    if (sscanf(e->d_name, "%u:%u:%u%c", &a, &b, &c, &tail) == 3 ||
-        strncmp(e->d_name, "chorus", 6) == 0)
-      n++;
+    if (sscanf(e->d_name, "%d:%u:%u%c", &pid, &a, &b, &tail) != 3 &&
+        sscanf(e->d_name, "chorus-%d-", &pid) != 1)
+      continue;
+    for (int i = 0; i < n; i++)
+      if (pids[i] == pid) {
+        fprintf(stderr, "mp: /dev/shm/%s left behind by rank %d (pid %d)\n", e->d_name, i, pid);
+        found++;
+      }
   }
   closedir(d);
-  return n;
+  return found;
 }
 
 long mp_rss_kib(void) {

@@ -14,6 +14,7 @@ typedef struct mp_result {
   int failed;          /* ranks that returned non-zero, crashed or timed out */
   int timed_out;       /* 1 when the run was killed at the timeout */
   int status[64];      /* exit status per rank (-signal when killed) */
+  int pids[64];        /* process id of each rank */
 } mp_result_t;
 
 /* A free TCP port on 127.0.0.1. */
@@ -26,7 +27,8 @@ mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const c
 int mp_count_fds(void);
 /* Resident set size of this process in KiB. */
 long mp_rss_kib(void);
-/* Entries in /dev/shm that Chorus or libfabric's shm provider create. */
-int mp_count_dev_shm(void);
+/* Entries in /dev/shm left by the given processes: libfabric's shm provider
+ * names its regions "<pid>:<n>:<n>", Chorus "chorus-<pid>-...". */
+int mp_count_dev_shm_of(const int *pids, int n);
 
 #endif

@@ -91,3 +91,6 @@ Test(allreduce_mp, tcp_2) { run_matrix("tcp", 2); }
 Test(allreduce_mp, tcp_3) { run_matrix("tcp", 3); }
 Test(allreduce_mp, tcp_4) { run_matrix("tcp", 4); }
 Test(allreduce_mp, tcp_8) { run_matrix("tcp", 8); }
+/* udp (udp;ofi_rxd): no wait fd, so ranks sleep on a backing-off timer */
+Test(allreduce_mp, udp_2) { run_matrix("udp", 2); }
+Test(allreduce_mp, udp_4) { run_matrix("udp", 4); }

@@ -12,6 +12,16 @@
 #include "chorus.h"
 #include "mp.h"
 
+/* RSS is a fair measure of growth in a plain build. Under AddressSanitizer
+ * the runtime itself keeps tens of KiB per thread ever created (each cycle
+ * starts and joins a progress thread) plus its quarantine, so there the exact
+ * instrument is LeakSanitizer, which mp_run runs in every rank at its end. */
+#ifdef __SANITIZE_ADDRESS__
+#define RSS_GROWTH_LIMIT_KIB (1L << 30)
+#else
+#define RSS_GROWTH_LIMIT_KIB 4096L
+#endif
+
 static chorus_comm_t *solo(void) {
   char addr[64];
   chorus_comm_t *c = NULL;
@@ -202,7 +212,7 @@ static int cycle_rank(int rank, int size, const char *addr, void *arg) {
     fprintf(stderr, "rank %d: fd count grew from %d to %d\n", rank, fds_base, fds);
     return 1;
   }
-  if (rss - rss_base > 4096) {
+  if (rss - rss_base > RSS_GROWTH_LIMIT_KIB) {
     fprintf(stderr, "rank %d: RSS grew by %ld KiB over %d cycles\n", rank, rss - rss_base,
             CYCLES - 50);
     return 1;
@@ -214,11 +224,9 @@ static void cycles(const char *prov) {
   char env[64];
   snprintf(env, sizeof(env), "CHORUS_PROVIDER=%s", prov);
   const char *envs[] = {env, NULL};
-  int shm_before = mp_count_dev_shm();
   mp_result_t r = mp_run(2, cycle_rank, NULL, 400, envs);
   cr_assert_eq(r.failed, 0, "%s: %d rank(s) failed", prov, r.failed);
-  cr_expect_eq(mp_count_dev_shm(), shm_before, "%s: /dev/shm had %d entries, now %d", prov,
-               shm_before, mp_count_dev_shm());
+  cr_expect_eq(mp_count_dev_shm_of(r.pids, 2), 0, "%s: the ranks left files in /dev/shm", prov);
 }
 
 Test(api, create_destroy_500_shm, .timeout = 500) { cycles("shm"); }

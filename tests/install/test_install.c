@@ -22,8 +22,8 @@ Test(install, pkg_config_build_and_run, .timeout = 300) {
   cr_assert_eq(sh(cmd), 0, "cmake --install failed (see %s/install.log)", dir);
   snprintf(cmd, sizeof(cmd),
            "export PKG_CONFIG_PATH=$(dirname $(find %s -name chorus.pc)); "
-           "cc %s/examples/hello_allreduce.c $(pkg-config --cflags --libs chorus) -o %s/hello",
-           dir, CHORUS_SOURCE_DIR, dir);
+           "cc %s %s/examples/hello_allreduce.c $(pkg-config --cflags --libs chorus) -o %s/hello",
+           dir, EXAMPLE_CFLAGS, CHORUS_SOURCE_DIR, dir);
   cr_assert_eq(sh(cmd), 0, "building against the installed library failed");
   snprintf(cmd, sizeof(cmd),
            "export LD_LIBRARY_PATH=$(dirname $(find %s -name 'libchorus.so' | head -1)); "

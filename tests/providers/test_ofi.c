@@ -1,0 +1,629 @@
+/*
+ * test_ofi.c - the libfabric transport over shm, tcp (tcp;ofi_rxm), udp
+ * (udp;ofi_rxd) and sockets, all on this host: loopback only.
+ *
+ * Every provider runs the same checks (OFI_TESTS below): message sizes
+ * around the inject/CMA switch and large ones in mixed order, truncation,
+ * cancel, wake-ups through wait_fd(), -EAGAIN with full queues, close with
+ * posted operations, 200 open/close cycles without leaks, and two processes
+ * that sleep on their wait fd between rounds.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "mp.h"
+#include "prov_internal.h"
+#include "prov_test.h"
+
+#define MIB (1024 * 1024)
+
+static prov_t *eps[2];
+
+static void setup(void) {
+  /* ctest sets these; a direct run must stay on loopback too. */
+  setenv("FI_TCP_IFACE", "lo", 0);
+  setenv("FI_UDP_IFACE", "lo", 0);
+  setenv("FI_SOCKETS_IFACE", "lo", 0);
+}
+
+static void teardown(void) {
+  pt_close_job(eps, 2);
+}
+
+TestSuite(ofi, .init = setup, .fini = teardown, .timeout = 120);
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+
+  cr_assert_not_null(p);
+  return p;
+}
+
+static void open_pair(const char *name) {
+  char err[256] = "";
+  int rc = pt_open_job(name, NULL, 2, eps, err, sizeof(err));
+
+  cr_assert_eq(rc, 0, "open %s: %d %s", name, rc, err);
+}
+
+/* Timeouts scale with the provider: udp (rxd) moves 16 MiB slowly. */
+static double slow(const char *name) {
+  return strcmp(name, "udp") == 0 ? 6.0 : 1.0;
+}
+
+/* ---- what each provider is expected to be ---- */
+
+static void check_open(const char *name, const char *prov_name, bool has_fd) {
+  open_pair(name);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_str_eq(eps[i]->name, prov_name);
+    cr_assert_gt(eps[i]->ops->max_posted(eps[i]), 16);
+    cr_assert_leq(eps[i]->ops->max_posted(eps[i]), 1024);
+    if (has_fd)
+      cr_assert_geq(eps[i]->ops->wait_fd(eps[i]), 0, "%s gives a wait fd", name);
+    else
+      cr_assert_eq(eps[i]->ops->wait_fd(eps[i]), -1, "%s has no wait object", name);
+  }
+  cr_log_info("%s: provider %s, max_posted %zu, wait_fd %d", name, eps[0]->name,
+              eps[0]->ops->max_posted(eps[0]), eps[0]->ops->wait_fd(eps[0]));
+}
+
+/* ---- data: sizes around 4 KiB (inject / CMA) and large, both ways ---- */
+
+static void check_sizes(const char *name) {
+  static const size_t sizes[] = {0, 1, 4096, 4097, MIB, 16 * MIB};
+  enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+  static const int order[N] = {5, 0, 3, 1, 4, 2};
+  static pt_op_t s[2][N], r[2][N]; /* static: a failed test's teardown still completes them */
+  pt_op_t *all[4 * N];
+  int k = 0;
+
+  open_pair(name);
+  for (int d = 0; d < 2; d++) {
+    for (int i = 0; i < N; i++) {
+      pt_op_init(&s[d][i]);
+      pt_op_init(&r[d][i]);
+      s[d][i].buf = xmalloc(sizes[i]);
+      r[d][i].buf = xmalloc(sizes[i]);
+      pt_fill(s[d][i].buf, sizes[i], 100 * d + i);
+      memset(r[d][i].buf, 0xee, sizes[i]);
+      all[k++] = &s[d][i];
+      all[k++] = &r[d][i];
+    }
+  }
+  /* d = 0: rank 0 -> rank 1. Receives with even i are posted before the
+   * sends, odd ones after; sends go out in a mixed order. */
+  for (int d = 0; d < 2; d++)
+    for (int i = 0; i < N; i += 2)
+      cr_assert_eq(pt_recv(eps, 2, eps[1 - d], d, &r[d][i], sizes[i], 0x5000 + i, 5000), 0);
+  for (int j = 0; j < N; j++)
+    for (int d = 0; d < 2; d++) {
+      int i = order[j];
+
+      cr_assert_eq(pt_send(eps, 2, eps[d], 1 - d, &s[d][i], sizes[i], 0x5000 + i, 5000), 0,
+                   "send %zu: %s", sizes[i], eps[d]->last_error);
+    }
+  for (int d = 0; d < 2; d++)
+    for (int i = 1; i < N; i += 2)
+      cr_assert_eq(pt_recv(eps, 2, eps[1 - d], d, &r[d][i], sizes[i], 0x5000 + i, 5000), 0);
+  cr_assert(pt_drive(eps, 2, all, 4 * N, 30000 * slow(name)), "not all completed");
+  for (int d = 0; d < 2; d++) {
+    for (int i = 0; i < N; i++) {
+      cr_assert_eq(s[d][i].calls, 1);
+      cr_assert_eq(r[d][i].calls, 1);
+      cr_assert_eq(s[d][i].status, 0, "send %zu: %d %s", sizes[i], s[d][i].status,
+                   eps[d]->last_error);
+      cr_assert_eq(r[d][i].status, 0, "recv %zu: %d %s", sizes[i], r[d][i].status,
+                   eps[1 - d]->last_error);
+      cr_assert_eq(s[d][i].len, sizes[i]);
+      cr_assert_eq(r[d][i].len, sizes[i]);
+      cr_assert_eq(pt_check(r[d][i].buf, sizes[i], 100 * d + i), (size_t)-1, "size %zu: wrong data",
+                   sizes[i]);
+      free(s[d][i].buf);
+      free(r[d][i].buf);
+    }
+  }
+}
+
+/* Same tag, full 64 bits, distinct only in the top bits. */
+static void check_tags(const char *name) {
+  static pt_op_t s[3], r[3];
+  pt_op_t *all[6];
+  uint64_t tags[3] = {0xffffffffffffffffull, 0x7fffffffffffffffull, 0x8000000000000001ull};
+  static int vals[3] = {1, 2, 3}, got[3];
+
+  open_pair(name);
+  for (int i = 0; i < 3; i++) {
+    pt_op_init(&s[i]);
+    pt_op_init(&r[i]);
+    s[i].buf = &vals[i];
+    r[i].buf = &got[i];
+    all[i] = &s[i];
+    all[3 + i] = &r[i];
+    cr_assert_eq(pt_recv(eps, 2, eps[1], 0, &r[i], sizeof(int), tags[2 - i], 1000), 0);
+  }
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(pt_send(eps, 2, eps[0], 1, &s[i], sizeof(int), tags[i], 1000), 0);
+  cr_assert(pt_drive(eps, 2, all, 6, 10000));
+  cr_assert_eq(got[0], 3);
+  cr_assert_eq(got[1], 2);
+  cr_assert_eq(got[2], 1);
+}
+
+static void check_truncation(const char *name) {
+  static pt_op_t s, r;
+  pt_op_t *all[2] = {&s, &r};
+  static char a[100], b[10];
+
+  open_pair(name);
+  pt_op_init(&s);
+  pt_op_init(&r);
+  s.buf = a;
+  r.buf = b;
+  pt_fill(a, sizeof(a), 9);
+  cr_assert_eq(pt_recv(eps, 2, eps[1], 0, &r, sizeof(b), 0x77, 1000), 0);
+  cr_assert_eq(pt_send(eps, 2, eps[0], 1, &s, sizeof(a), 0x77, 1000), 0);
+  cr_assert(pt_drive(eps, 2, all, 2, 10000));
+  cr_assert_eq(r.calls, 1);
+  if (strcmp(name, "udp") == 0) {
+    cr_assert_eq(pt_check(b, sizeof(b), 9), (size_t)-1, "the part that fits arrives");
+    /* Measured: rxd (libfabric 1.17) reports a truncated receive as a
+     * success of the buffer's length. Pinned here so a change shows. */
+    cr_assert_eq(r.status, 0, "udp now reports truncation (%d): update this test", r.status);
+    cr_assert_eq(r.len, sizeof(b));
+    cr_log_warn("udp;ofi_rxd does not report truncation: a short receive looks like success");
+    return;
+  }
+  cr_assert_eq(r.status, -EMSGSIZE, "truncated receive: %d", r.status);
+  cr_assert_neq(eps[1]->last_error[0], '\0', "the failure is described");
+  cr_log_info("%s truncation: %s", name, eps[1]->last_error);
+}
+
+static void check_cancel(const char *name) {
+  static pt_op_t r, s2, r2;
+  pt_op_t *one[1] = {&r}, *two[2] = {&s2, &r2};
+  static char buf[16], a = 'z', b;
+
+  open_pair(name);
+  pt_op_init(&r);
+  r.buf = buf;
+  cr_assert_eq(pt_recv(eps, 2, eps[1], 0, &r, sizeof(buf), 0x99, 1000), 0);
+  cr_assert_eq(eps[1]->ops->cancel(eps[1], &r.op), 0);
+  cr_assert(pt_drive(eps, 2, one, 1, 5000), "canceled receive never completed");
+  cr_assert_eq(r.calls, 1);
+  cr_assert_eq(r.status, -ECANCELED, "status %d", r.status);
+  cr_assert_eq(eps[1]->ops->cancel(eps[1], &r.op), -ENOENT);
+  /* The endpoint goes on working; the canceled receive takes nothing. */
+  pt_op_init(&s2);
+  pt_op_init(&r2);
+  s2.buf = &a;
+  r2.buf = &b;
+  cr_assert_eq(pt_send(eps, 2, eps[0], 1, &s2, 1, 0x99, 1000), 0);
+  cr_assert_eq(pt_recv(eps, 2, eps[1], 0, &r2, 1, 0x99, 1000), 0);
+  cr_assert(pt_drive(eps, 2, two, 2, 10000));
+  cr_assert_eq(r2.status, 0);
+  cr_assert_eq(b, 'z');
+  cr_assert_eq(r.calls, 1);
+}
+
+/* arm() then a send from the peer makes wait_fd readable. */
+static void check_wakeup(const char *name) {
+  static pt_op_t s, r;
+  pt_op_t *all[2] = {&s, &r};
+  size_t big = MIB;
+  char *a = xmalloc(big), *b = xmalloc(big);
+  int rc;
+
+  open_pair(name);
+  /* Rings alone must do it: the backstop timer would hide a missing one. */
+  prov_ofi_test_no_backstop(eps[0]);
+  prov_ofi_test_no_backstop(eps[1]);
+  pt_fill(a, big, 4);
+  /* 0. Connect: a first send may need the peer to progress (shm, rxm). */
+  pt_op_init(&s);
+  pt_op_init(&r);
+  s.buf = a;
+  r.buf = b;
+  cr_assert_eq(pt_recv(eps, 2, eps[1], 0, &r, 64, 0x0f, 1000), 0);
+  cr_assert_eq(pt_send(eps, 2, eps[0], 1, &s, 64, 0x0f, 5000), 0);
+  cr_assert(pt_drive(eps, 2, all, 2, 5000));
+  /* 1. A small message wakes an armed receiver. */
+  for (int round = 0; round < 2; round++) {
+    pt_op_init(&s);
+    pt_op_init(&r);
+    s.buf = a;
+    r.buf = b;
+    cr_assert_eq(pt_recv(eps, 2, eps[1], 0, &r, 64, 0x10 + round, 1000), 0);
+    /* Rings left over from connecting may wake it once, not forever. */
+    cr_assert(pt_arm(eps[1], 5000), "arm() never returned 0");
+    eps[1]->ops->disarm(eps[1]);
+    cr_assert(pt_arm(eps[1], 5000), "arm() never returned 0");
+    rc = pt_poll_fd(eps[1], 200);
+    cr_assert_eq(rc, 0, "wait fd readable while idle: the loop would spin");
+    cr_assert_eq(pt_send(eps, 1, eps[0], 1, &s, 64, 0x10 + round, 5000), 0);
+    rc = pt_poll_fd(eps[1], 5000);
+    cr_assert_eq(rc, 1, "round %d: armed receiver not woken by a message", round);
+    eps[1]->ops->disarm(eps[1]);
+    cr_assert(pt_drive(eps, 2, all, 2, 5000));
+    cr_assert_eq(pt_check(b, 64, 4), (size_t)-1);
+  }
+  /* 2. A large send needs the receiver, and the receiver may need the sender
+   * (rendezvous, segmentation): the sender progresses only when arm() says
+   * so or its fd wakes it; the receiver spins. A lost wake-up hangs. */
+  pt_op_init(&s);
+  pt_op_init(&r);
+  s.buf = a;
+  r.buf = b;
+  memset(b, 0, big);
+  eps[0]->ops->disarm(eps[0]); /* drop rings left over from connecting */
+  cr_assert_eq(pt_recv(eps, 1, eps[1], 0, &r, big, 0x20, 5000), 0);
+  cr_assert_eq(pt_send(eps, 1, eps[0], 1, &s, big, 0x20, 5000), 0);
+  {
+    /* Asleep before the receiver looks at the message. */
+    bool armed = pt_arm(eps[0], 5000);
+    int wakes = 0;
+
+    for (double end = pt_now_ms() + 20000; !(r.calls && s.calls) && pt_now_ms() < end;) {
+      eps[1]->ops->progress(eps[1]);
+      if (!armed) {
+        if (eps[0]->ops->arm(eps[0]) == 0)
+          armed = true;
+        else
+          eps[0]->ops->progress(eps[0]);
+      } else if (pt_poll_fd(eps[0], 0) == 1) {
+        wakes++;
+        eps[0]->ops->disarm(eps[0]);
+        armed = false;
+        eps[0]->ops->progress(eps[0]);
+      }
+    }
+    if (armed)
+      eps[0]->ops->disarm(eps[0]);
+    cr_assert_eq(r.calls, 1, "receiver did not get the large message (sender woken %d times)",
+                 wakes);
+    cr_assert_eq(s.calls, 1, "sleeping sender never completed (woken %d times)", wakes);
+    cr_log_info("%s: 1 MiB to a sleeping sender: woken %d times", name, wakes);
+  }
+  cr_assert_eq(s.status, 0);
+  cr_assert_eq(r.status, 0);
+  cr_assert_eq(pt_check(b, big, 4), (size_t)-1);
+  free(a);
+  free(b);
+}
+
+/* More messages than the queues hold: posts say -EAGAIN, retries after
+ * progress get everything through, intact and matched by tag. */
+static void check_eagain(const char *name) {
+  size_t max, n;
+  pt_op_t *s, *r, **all, extra;
+  uint32_t *out, *in;
+  int eagain = 0, rc;
+
+  open_pair(name);
+  max = eps[1]->ops->max_posted(eps[1]);
+  n = 4 * max;
+  s = calloc(n, sizeof(*s));
+  r = calloc(n, sizeof(*r));
+  all = calloc(2 * n, sizeof(*all));
+  out = calloc(n, sizeof(*out));
+  in = calloc(n, sizeof(*in));
+  /* The pool: max_posted receives, then -EAGAIN. */
+  for (size_t i = 0; i < max; i++) {
+    pt_op_init(&r[i]);
+    r[i].buf = &in[i];
+    cr_assert_eq(eps[1]->ops->post_recv(eps[1], 0, &in[i], 4, i, &r[i].op), 0, "recv %zu", i);
+  }
+  pt_op_init(&extra);
+  rc = eps[1]->ops->post_recv(eps[1], 0, &in[0], 4, n, &extra.op);
+  cr_assert_eq(rc, -EAGAIN, "receive past max_posted: %d", rc);
+  for (size_t i = 0; i < n; i++) {
+    pt_op_init(&s[i]);
+    out[i] = (uint32_t)(i * 2654435761u);
+    s[i].buf = &out[i];
+    all[2 * i] = &s[i];
+    all[2 * i + 1] = &r[i];
+  }
+  /* Sends and the remaining receives interleaved, retrying on -EAGAIN. */
+  for (size_t i = 0, j = max; i < n || j < n;) {
+    if (i < n) {
+      rc = eps[0]->ops->post_send(eps[0], 1, &out[i], 4, i, &s[i].op);
+      if (rc == 0)
+        i++;
+      else
+        cr_assert_eq(rc, -EAGAIN, "send %zu: %d %s", i, rc, eps[0]->last_error);
+      eagain += rc == -EAGAIN;
+    }
+    if (j < n) {
+      pt_op_init(&r[j]);
+      rc = eps[1]->ops->post_recv(eps[1], 0, &in[j], 4, j, &r[j].op);
+      if (rc == 0)
+        j++;
+      else
+        cr_assert_eq(rc, -EAGAIN, "recv %zu: %d", j, rc);
+      eagain += rc == -EAGAIN;
+    }
+    eps[0]->ops->progress(eps[0]);
+    eps[1]->ops->progress(eps[1]);
+  }
+  cr_assert(pt_drive(eps, 2, all, 2 * (int)n, 60000 * slow(name)), "not all completed");
+  for (size_t i = 0; i < n; i++) {
+    cr_assert_eq(s[i].status, 0);
+    cr_assert_eq(r[i].status, 0, "recv %zu: %d", i, r[i].status);
+    cr_assert_eq(in[i], (uint32_t)(i * 2654435761u), "message %zu", i);
+  }
+  cr_assert_gt(eagain, 0, "never saw -EAGAIN");
+  cr_log_info("%s: %zu messages with max_posted %zu, %d -EAGAIN", name, n, max, eagain);
+  free(s);
+  free(r);
+  free(all);
+  free(out);
+  free(in);
+}
+
+static void check_close_with_posted(const char *name) {
+  static pt_op_t r[4], s;
+  static char buf[4][8];
+  char *big = xmalloc(4 * MIB);
+
+  open_pair(name);
+  for (int i = 0; i < 4; i++) {
+    pt_op_init(&r[i]);
+    r[i].buf = buf[i];
+    cr_assert_eq(pt_recv(eps, 2, eps[0], 1, &r[i], 8, 0x300 + i, 1000), 0);
+  }
+  pt_op_init(&s);
+  s.buf = big;
+  /* Nobody receives it: it can not complete by itself. */
+  cr_assert_eq(pt_send(eps, 2, eps[0], 1, &s, 4 * MIB, 0x400, 1000), 0);
+  for (int i = 0; i < 20; i++) {
+    eps[0]->ops->progress(eps[0]);
+    eps[1]->ops->progress(eps[1]);
+  }
+  eps[0]->ops->close(eps[0]);
+  eps[0] = NULL;
+  for (int i = 0; i < 4; i++) {
+    cr_assert_eq(r[i].calls, 1, "receive %d: callback ran %d times", i, r[i].calls);
+    cr_assert_eq(r[i].status, -ECANCELED);
+  }
+  cr_assert_eq(s.calls, 1, "send: callback ran %d times", s.calls);
+  cr_assert(s.status == -ECANCELED || s.status == 0, "send status %d", s.status);
+  free(big);
+}
+
+/* Files of this process in /dev/shm (shm names its regions "<pid>:<uid>:<n>");
+ * other processes on the host may come and go meanwhile. */
+static int my_dev_shm_files(void) {
+  char prefix[32];
+  DIR *d = opendir("/dev/shm");
+  struct dirent *e;
+  int n = 0;
+
+  cr_assert_not_null(d);
+  snprintf(prefix, sizeof(prefix), "%d:", (int)getpid());
+  while ((e = readdir(d)))
+    n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+  closedir(d);
+  return n;
+}
+
+static void check_cycles(const char *name) {
+  int fds, shm;
+
+  /* The first open loads libfabric's providers for good. */
+  open_pair(name);
+  pt_close_job(eps, 2);
+  fds = mp_count_fds();
+  shm = my_dev_shm_files();
+  cr_assert_eq(shm, 0);
+  for (int c = 0; c < 200; c++) {
+    static pt_op_t s, r;
+    pt_op_t *all[2] = {&s, &r};
+    static char a, b;
+
+    a = (char)c;
+    b = 0;
+
+    open_pair(name);
+    pt_op_init(&s);
+    pt_op_init(&r);
+    s.buf = &a;
+    r.buf = &b;
+    cr_assert_eq(pt_recv(eps, 2, eps[1], 0, &r, 1, 1, 1000), 0);
+    cr_assert_eq(pt_send(eps, 2, eps[0], 1, &s, 1, 1, 5000), 0);
+    cr_assert(pt_drive(eps, 2, all, 2, 10000), "cycle %d", c);
+    cr_assert_eq(b, (char)c);
+    pt_close_job(eps, 2);
+    cr_assert_eq(mp_count_fds(), fds, "cycle %d leaks descriptors", c);
+    cr_assert_eq(my_dev_shm_files(), 0, "cycle %d leaves files in /dev/shm", c);
+  }
+  cr_assert_eq(mp_count_fds(), fds);
+  cr_assert_eq(my_dev_shm_files(), 0, "files left in /dev/shm");
+}
+
+/* ---- two processes, each sleeping on its own wait fd between rounds ---- */
+
+static const size_t xp_sizes[] = {0, 1, 4096, 4097, 65536, MIB, 16 * MIB};
+enum { XP_N = sizeof(xp_sizes) / sizeof(xp_sizes[0]), XP_ROUNDS = 3 };
+
+static int xp_rank(const char *name, int rank, int sock) {
+  prov_config_t cfg = {.name = name, .rank = rank, .nranks = 2, .job_id = "xp"};
+  unsigned char mine[512], theirs[512];
+  const void *addrs[2];
+  size_t lens[2], mylen = sizeof(mine);
+  pt_op_t s[XP_N], r[XP_N], *all[2 * XP_N];
+  char err[256];
+  prov_t *p;
+  int lost = 0, bad = 0, peer = 1 - rank;
+  ssize_t got;
+
+  if (prov_open(&cfg, &p, err, sizeof(err))) {
+    fprintf(stderr, "rank %d: open: %s\n", rank, err);
+    return 1;
+  }
+  if (p->ops->getname(p, mine, &mylen) || write(sock, mine, mylen) != (ssize_t)mylen)
+    return 2;
+  got = read(sock, theirs, sizeof(theirs));
+  if (got <= 0)
+    return 3;
+  addrs[rank] = mine;
+  lens[rank] = mylen;
+  addrs[peer] = theirs;
+  lens[peer] = (size_t)got;
+  if (p->ops->add_peers(p, addrs, lens, 2)) {
+    fprintf(stderr, "rank %d: add_peers: %s\n", rank, p->last_error);
+    return 4;
+  }
+  for (int round = 0; round < XP_ROUNDS; round++) {
+    for (int i = 0; i < XP_N; i++) {
+      pt_op_init(&s[i]);
+      pt_op_init(&r[i]);
+      s[i].buf = malloc(xp_sizes[i] + 1);
+      r[i].buf = malloc(xp_sizes[i] + 1);
+      pt_fill(s[i].buf, xp_sizes[i], (uint64_t)(rank * 100 + round * 10 + i));
+      all[2 * i] = &s[i];
+      all[2 * i + 1] = &r[i];
+    }
+    /* Rank 0 posts its receives first, rank 1 its sends first. */
+    for (int k = 0; k < 2; k++) {
+      for (int i = 0; i < XP_N; i++) {
+        int rc = (k == rank)
+                     ? pt_recv(&p, 1, p, peer, &r[i], xp_sizes[i], (uint64_t)round << 8 | i, 20000)
+                     : pt_send(&p, 1, p, peer, &s[i], xp_sizes[i], (uint64_t)round << 8 | i, 20000);
+        if (rc) {
+          fprintf(stderr, "rank %d: post: %d %s\n", rank, rc, p->last_error);
+          return 5;
+        }
+      }
+    }
+    if (!pt_sleepy_drive(p, all, 2 * XP_N, 60000, 10000, &lost)) {
+      fprintf(stderr, "rank %d round %d: not all completed\n", rank, round);
+      return 6;
+    }
+    for (int i = 0; i < XP_N; i++) {
+      if (s[i].status || r[i].status || r[i].len != xp_sizes[i] ||
+          pt_check(r[i].buf, xp_sizes[i], (uint64_t)(peer * 100 + round * 10 + i)) != (size_t)-1)
+        bad++;
+      free(s[i].buf);
+      free(r[i].buf);
+    }
+  }
+  /* Both done before either closes. */
+  if (write(sock, "x", 1) != 1 || read(sock, err, 1) != 1)
+    return 7;
+  p->ops->close(p);
+  if (bad || lost)
+    fprintf(stderr, "rank %d: %d bad messages, %d lost wake-ups\n", rank, bad, lost);
+  return bad ? 8 : lost ? 9 : 0;
+}
+
+static void check_two_processes(const char *name) {
+  int sv[2], st;
+  pid_t pid;
+  int rc;
+
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  fflush(NULL);
+  pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    close(sv[0]);
+    _exit(xp_rank(name, 1, sv[1]));
+  }
+  close(sv[1]);
+  rc = xp_rank(name, 0, sv[0]);
+  close(sv[0]);
+  cr_assert_eq(waitpid(pid, &st, 0), pid);
+  cr_assert_eq(rc, 0, "rank 0 failed (%d)", rc);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 failed (%d)", WEXITSTATUS(st));
+}
+
+/* ---- the matrix ---- */
+
+#define OFI_TESTS(suite, cfg_name, prov_name, has_fd)                                              \
+  Test(suite, open) {                                                                              \
+    check_open(cfg_name, prov_name, has_fd);                                                       \
+  }                                                                                                \
+  Test(suite, sizes_mixed_order) {                                                                 \
+    check_sizes(cfg_name);                                                                         \
+  }                                                                                                \
+  Test(suite, full_64bit_tags) {                                                                   \
+    check_tags(cfg_name);                                                                          \
+  }                                                                                                \
+  Test(suite, truncation) {                                                                        \
+    check_truncation(cfg_name);                                                                    \
+  }                                                                                                \
+  Test(suite, cancel_recv) {                                                                       \
+    check_cancel(cfg_name);                                                                        \
+  }                                                                                                \
+  Test(suite, eagain_and_retry) {                                                                  \
+    check_eagain(cfg_name);                                                                        \
+  }                                                                                                \
+  Test(suite, close_runs_callbacks) {                                                              \
+    check_close_with_posted(cfg_name);                                                             \
+  }                                                                                                \
+  Test(suite, open_close_200_cycles, .timeout = 300) {                                             \
+    check_cycles(cfg_name);                                                                        \
+  }                                                                                                \
+  Test(suite, two_processes_sleeping) {                                                            \
+    check_two_processes(cfg_name);                                                                 \
+  }
+
+TestSuite(ofi_shm, .init = setup, .fini = teardown, .timeout = 120);
+TestSuite(ofi_tcp, .init = setup, .fini = teardown, .timeout = 120);
+TestSuite(ofi_udp, .init = setup, .fini = teardown, .timeout = 240);
+TestSuite(ofi_sockets, .init = setup, .fini = teardown, .timeout = 120);
+
+OFI_TESTS(ofi_shm, "shm", "shm", true)
+OFI_TESTS(ofi_tcp, "tcp", "tcp;ofi_rxm", true)
+OFI_TESTS(ofi_udp, "udp", "udp;ofi_rxd", false)
+OFI_TESTS(ofi_sockets, "sockets", "sockets", true)
+
+Test(ofi_shm, wakeup) {
+  check_wakeup("shm");
+}
+
+/* Without CMA (as under Yama ptrace_scope=1) shm moves large messages in
+ * segments, turn by turn: sleepers must still get them through. */
+Test(ofi_shm, two_processes_sleeping_without_cma) {
+  setenv("FI_SHM_DISABLE_CMA", "1", 1);
+  check_two_processes("shm");
+}
+
+Test(ofi_tcp, wakeup) {
+  check_wakeup("tcp");
+}
+
+Test(ofi_sockets, wakeup) {
+  check_wakeup("sockets");
+}
+
+Test(ofi, unknown_provider_is_a_clear_error) {
+  prov_config_t cfg = {.name = "no-such-provider", .rank = 0, .nranks = 1};
+  char err[256] = "";
+  prov_t *p = (prov_t *)0x1;
+  int rc = prov_open(&cfg, &p, err, sizeof(err));
+
+  cr_assert_lt(rc, 0);
+  cr_assert_null(p);
+  cr_assert(strstr(err, "no-such-provider"), "reason names the provider: %s", err);
+}
+
+Test(ofi, post_before_add_peers_is_refused) {
+  prov_config_t cfg = {.name = "shm", .rank = 0, .nranks = 2, .job_id = "x"};
+  char err[256] = "", c = 0;
+  pt_op_t t;
+
+  cr_assert_eq(prov_open(&cfg, &eps[0], err, sizeof(err)), 0, "%s", err);
+  pt_op_init(&t);
+  cr_assert_eq(eps[0]->ops->post_recv(eps[0], 1, &c, 1, 1, &t.op), -EINVAL);
+  cr_assert_eq(t.calls, 0);
+}
