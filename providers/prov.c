@@ -1,1 +1,37 @@
-/* placeholder: to be written */
+/*
+ * prov.c - transport registry: prov_open() picks an implementation by name.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "prov_internal.h"
+
+void prov_errf(char *errbuf, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+
+  if (!errbuf || !errlen)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(errbuf, errlen, fmt, ap);
+  va_end(ap);
+}
+
+int prov_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errlen) {
+  const prov_ops_t *ops;
+
+  if (out)
+    *out = NULL;
+  if (!cfg || !out || !cfg->name || !cfg->name[0]) {
+    prov_errf(errbuf, errlen, "prov_open: missing configuration or provider name");
+    return -EINVAL;
+  }
+  if (cfg->nranks <= 0 || cfg->rank < 0 || cfg->rank >= cfg->nranks) {
+    prov_errf(errbuf, errlen, "prov_open: rank %d out of range for %d ranks", cfg->rank,
+              cfg->nranks);
+    return -EINVAL;
+  }
+  ops = strcmp(cfg->name, "inproc") == 0 ? &prov_inproc_ops : &prov_ofi_ops;
+  return ops->open(cfg, out, errbuf, errlen);
+}

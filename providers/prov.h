@@ -83,6 +83,11 @@ typedef struct prov_ops {
 struct prov {
   const prov_ops_t *ops;
   const char *name; /* provider in use, e.g. "shm" or "tcp;ofi_rxm" */
+  /* Detail of the latest failure seen by this instance (a failed post, an
+   * error completion: which peer, tag and the provider's own words), "" if
+   * none. Owned by the instance; read it right after the failure (e.g. from
+   * the done callback that got status < 0) to log it. */
+  const char *last_error;
 };
 
 /* Registry. */

@@ -1,1 +1,1206 @@
-/* placeholder: to be written */
+/*
+ * prov_ofi.c - the transport over a libfabric RDM endpoint with tagged
+ * messages: shm, tcp (tcp;ofi_rxm), udp (udp;ofi_rxd), sockets, verbs...
+ *
+ * One instance = fabric, domain, AV (table, one entry per rank), CQ (tagged
+ * format) and an RDM endpoint. Every posted op takes a slot from a fixed
+ * pool: the slot holds the fi_context the provider may own (FI_CONTEXT and
+ * FI_CONTEXT2 modes are both honoured), and the pool sizes are what keeps us
+ * inside the provider's queue limits (shm fails past 1024 receives, udp
+ * stalls past its window): past max_posted() a post returns -EAGAIN.
+ *
+ * Receives are directed (FI_DIRECTED_RECV) when the provider offers it;
+ * otherwise FI_ADDR_UNSPEC with the exact tag: the engine puts the source
+ * rank in the tag.
+ *
+ * Sleeping. Three ways, chosen at open:
+ *  - CQ fd (tcp, sockets, verbs): FI_WAIT_FD + FI_GETWAIT; arm() is fi_trywait.
+ *  - doorbell (shm, which has no wait object): see below.
+ *  - none (udp): wait_fd() is -1, the owner sleeps on a timer.
+ *
+ * The shm doorbell. Every endpoint owns
+ *  - an abstract AF_UNIX datagram socket (no file to clean up): a 1-byte
+ *    datagram to it is a ring; wait_fd() is an epoll set holding it;
+ *  - a memfd page { sleeping, want_any, want[] } that peers on the host map
+ *    through /proc/<pid>/fd/<memfd> (ptrace read access: the same user).
+ *  Its address (getname) is the libfabric name followed by pid, memfd number,
+ *  a nonce, the page's address and the socket name.
+ *
+ *   sleeper                                  peer
+ *   arm:  sleeping = 1                       post:  fi_tsend (message in shm)
+ *         fence                                     fence
+ *         fi_cq_read: empty? sleep           if sleeping: ring
+ *
+ *  Both sides fence between their store and their load (Dekker), so either
+ *  the sleeper's last fi_cq_read sees the message or the peer sees the flag.
+ *  Rings are also owed where shm needs the *other* side to progress:
+ *   - a send above the inject size (CMA) completes only after the receiver
+ *     copied it: after a receive from p completes, ring p if it sleeps;
+ *   - a post that got -FI_EAGAIN (peer queue full, first contact) waits for
+ *     the peer to progress: the sender sets its bit in the peer's want[]
+ *     and rings it; the peer's next progress() rings every sender in want[].
+ *  If a peer's page can not be mapped, that peer is rung unconditionally.
+ *
+ *  Some turns of shm's progress leave no trace we could ring on:
+ *   - a sender finishing a large send must trylock the receiver's region;
+ *     when the receiver is inside its own progress the attempt is put off
+ *     to the sender's next progress, and nothing tells the sender when
+ *     (seen: two ranks exchanging large messages both asleep for good);
+ *   - without CMA (Yama ptrace_scope=1, FI_SHM_DISABLE_CMA) messages above
+ *     the inject size move through a bounded pool of segments (SAR), both
+ *     sides taking turns in mid-transfer.
+ *  Ringing the peer after each progress would make two sleepers with
+ *  unmatched transfers wake each other forever, so a timer backs these up:
+ *  wait_fd() is an epoll set of { socket, timerfd } and, while a large send
+ *  (or, to a peer without CMA, a large receive) is in flight, arm() also
+ *  sets the timer: 50 us doubling to 10 ms (1 ms with segments), back to
+ *  50 us on every completion. Rings stay the fast path. Whether a peer
+ *  allows CMA we learn as shm does: process_vm_readv of the peer's page,
+ *  whose address is in its name.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#include "prov_internal.h"
+
+#define OFI_API_VERSION FI_VERSION(1, 9)
+#define OFI_ADDR_MAGIC 0x43484f46u /* "CHOF" */
+#define OFI_MAX_POSTED_CAP 1024
+#define OFI_CQ_BATCH 32
+#define OFI_CQ_BATCHES_PER_PROGRESS 8
+#define OFI_STASH 32
+#define OFI_TRYWAIT_TRIES 4
+#define OFI_CLOSE_DRAIN_NS (200 * 1000 * 1000L)
+#define OFI_FABNAME_MAX 256
+#define OFI_DB_NAME_MAX 100
+#define OFI_NAP_MIN_US 50
+#define OFI_NAP_MAX_US 10000
+#define OFI_NAP_MAX_SAR_US 1000
+
+enum ofi_wait {
+  OFI_WAIT_TIMER,    /* no wait object: wait_fd() is -1 */
+  OFI_WAIT_CQ_FD,    /* the CQ's own fd, fi_trywait before sleeping */
+  OFI_WAIT_DOORBELL, /* our socket (+ timer) + sleeping flag (shm) */
+};
+
+struct ofi_slot {
+  union {
+    struct fi_context ctx;
+    struct fi_context2 ctx2;
+  } fctx;                     /* owned by the provider while posted */
+  prov_op_t *op;              /* NULL when free */
+  struct ofi_slot *next_free; /* free list of its direction */
+  size_t len;
+  uint64_t tag;
+  int peer;
+  bool is_send;
+  unsigned char nap; /* OFI_NAP_*: whether a sleeper needs the timer for it */
+};
+
+enum {
+  OFI_NAP_NONE,
+  OFI_NAP_SEND, /* large send (CMA): its completion can be put off */
+  OFI_NAP_SAR,  /* large send or receive with a peer without CMA */
+};
+
+/* The page a sleeper shares with the peers on its host. */
+struct ofi_db_page {
+  uint64_t nonce;            /* checked by peers after mapping */
+  _Atomic uint32_t sleeping; /* owner is asleep (or about to be) on its socket */
+  _Atomic uint32_t want_any; /* some bit of want[] is set */
+  _Atomic uint64_t want[];   /* rank r's bit: ring r after our next progress */
+};
+
+struct ofi_db_peer {
+  struct ofi_db_page *page; /* NULL: ring this peer on every occasion */
+  size_t page_len;
+  bool sar; /* no CMA to this peer: large messages go by segments */
+  struct sockaddr_un sa;
+  socklen_t salen;
+};
+
+struct ofi_ep {
+  prov_t base;
+  int rank, nranks;
+  char prov_name[64];
+  char errmsg[256];
+  bool closing;
+
+  struct fi_info *info;
+  struct fid_fabric *fabric;
+  struct fid_domain *domain;
+  struct fid_av *av;
+  struct fid_cq *cq;
+  struct fid_ep *ep;
+  bool directed;     /* FI_DIRECTED_RECV granted */
+  size_t inject_len; /* sends up to this complete without the receiver */
+
+  fi_addr_t *peers; /* nranks entries after add_peers */
+
+  struct ofi_slot *slots; /* 2 * max_posted: the first half sends */
+  struct ofi_slot *tx_free, *rx_free;
+  size_t max_posted;
+  size_t in_flight;
+
+  /* Completions read by arm(), delivered first by the next progress(). */
+  struct fi_cq_tagged_entry stash[OFI_STASH];
+  int stash_pos, stash_n;
+
+  enum ofi_wait wait;
+  int cq_fd;
+
+  /* Doorbell (OFI_WAIT_DOORBELL only). */
+  int db_epfd;  /* wait_fd(): epoll set of db_sock and db_timer */
+  int db_sock;  /* rings arrive here */
+  int db_timer; /* timerfd, armed by arm() while db_nap_ops */
+  int db_memfd;
+  struct ofi_db_page *db_page;
+  size_t db_page_len;
+  struct sockaddr_un db_sa;
+  socklen_t db_salen;
+  struct ofi_db_peer *db_peers; /* nranks entries after add_peers */
+  size_t db_nap_ops;            /* posted ops with slot->nap */
+  size_t db_nap_sar;            /* of which OFI_NAP_SAR */
+  unsigned db_nap_us;           /* next timer while db_nap_ops */
+  bool db_no_backstop;          /* tests: rings only, no timer */
+
+  /* Our address as given to peers: header, libfabric name, doorbell. */
+  unsigned char addr[sizeof(uint32_t) * 2 + OFI_FABNAME_MAX + 40 + OFI_DB_NAME_MAX];
+  size_t addrlen;
+};
+
+static struct ofi_ep *to_ofi(prov_t *p) {
+  return PROV_CONTAINER_OF(p, struct ofi_ep, base);
+}
+
+/* libfabric codes are errno values below FI_ERRNO_OFFSET. */
+static int ofi_to_errno(long fi_rc) {
+  long e = fi_rc < 0 ? -fi_rc : fi_rc;
+
+  if (e == FI_ETRUNC)
+    return -EMSGSIZE;
+  if (e > 0 && e < FI_ERRNO_OFFSET)
+    return (int)-e;
+  return -EIO;
+}
+
+static void ofi_seterr(struct ofi_ep *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void ofi_seterr(struct ofi_ep *o, const char *fmt, ...) {
+  va_list ap;
+  int n = snprintf(o->errmsg, sizeof(o->errmsg),
+                   "ofi %s rank %d: ", o->prov_name[0] ? o->prov_name : "?", o->rank);
+
+  if (n < 0 || (size_t)n >= sizeof(o->errmsg))
+    return;
+  va_start(ap, fmt);
+  vsnprintf(o->errmsg + n, sizeof(o->errmsg) - (size_t)n, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- names: "shm" -> "shm", "tcp" -> "tcp;ofi_rxm" ... ---- */
+
+static const char *ofi_prov_name(const char *name) {
+  static const struct {
+    const char *user, *prov;
+  } map[] = {
+      {"tcp", "tcp;ofi_rxm"},
+      {"udp", "udp;ofi_rxd"},
+      {"verbs", "verbs;ofi_rxm"},
+  };
+  size_t i;
+
+  for (i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+    if (strcmp(name, map[i].user) == 0)
+      return map[i].prov;
+  return name;
+}
+
+static int ofi_getinfo(const char *prov, uint64_t caps, struct fi_info **out) {
+  struct fi_info *hints = fi_allocinfo();
+  int rc;
+
+  if (!hints)
+    return -FI_ENOMEM;
+  hints->caps = caps;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->ep_attr->type = FI_EP_RDM;
+  /* No RMA, no registration: these only promise what we never rely on. */
+  hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  hints->fabric_attr->prov_name = strdup(prov);
+  if (!hints->fabric_attr->prov_name) {
+    fi_freeinfo(hints);
+    return -FI_ENOMEM;
+  }
+  rc = fi_getinfo(OFI_API_VERSION, NULL, NULL, 0, hints, out);
+  fi_freeinfo(hints);
+  return rc;
+}
+
+/* ---- slots ---- */
+
+static struct ofi_slot *slot_get(struct ofi_ep *o, bool is_send) {
+  struct ofi_slot **head = is_send ? &o->tx_free : &o->rx_free;
+  struct ofi_slot *s = *head;
+
+  if (s) {
+    *head = s->next_free;
+    o->in_flight++;
+  }
+  return s;
+}
+
+static void slot_put(struct ofi_ep *o, struct ofi_slot *s) {
+  struct ofi_slot **head = s->is_send ? &o->tx_free : &o->rx_free;
+
+  s->op = NULL;
+  s->next_free = *head;
+  *head = s;
+  o->in_flight--;
+}
+
+/* ---- doorbell ---- */
+
+static void db_ring(struct ofi_ep *o, int peer) {
+  struct ofi_db_peer *d = &o->db_peers[peer];
+  char b = 0;
+
+  /* EAGAIN: the peer's socket is full, so already readable. ECONNREFUSED:
+   * the peer is gone. Neither is ours to report. */
+  (void)sendto(o->db_sock, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL, (struct sockaddr *)&d->sa, d->salen);
+}
+
+/* Call after whatever gives the peer a reason to wake (a message posted, a
+ * transfer taken) is done: the fence orders those stores before the load of
+ * the peer's flag, as the peer's arm() orders its flag before its look. */
+static void db_ring_if_sleeping(struct ofi_ep *o, int peer) {
+  struct ofi_db_page *pg = o->db_peers[peer].page;
+
+  atomic_thread_fence(memory_order_seq_cst);
+  if (!pg || atomic_load(&pg->sleeping))
+    db_ring(o, peer);
+}
+
+/* Our post to peer got -FI_EAGAIN: it must progress before we can retry. */
+static void db_want_ring(struct ofi_ep *o, int peer) {
+  struct ofi_db_page *pg = o->db_peers[peer].page;
+  size_t word = (size_t)o->rank / 64;
+
+  if (pg && sizeof(*pg) + (word + 1) * sizeof(uint64_t) <= o->db_peers[peer].page_len) {
+    atomic_fetch_or(&pg->want[word], 1ull << (o->rank % 64));
+    atomic_store(&pg->want_any, 1);
+  }
+  db_ring(o, peer);
+}
+
+/* After our progress: ring every peer that waits for it. */
+static void db_answer(struct ofi_ep *o) {
+  struct ofi_db_page *pg = o->db_page;
+  size_t w, nw = ((size_t)o->nranks + 63) / 64;
+
+  if (!o->db_peers || !atomic_load(&pg->want_any))
+    return;
+  atomic_store(&pg->want_any, 0);
+  for (w = 0; w < nw; w++) {
+    uint64_t bits = atomic_load(&pg->want[w]) ? atomic_exchange(&pg->want[w], 0) : 0;
+
+    while (bits) {
+      size_t r = w * 64 + (size_t)__builtin_ctzll(bits);
+
+      bits &= bits - 1;
+      if (r < (size_t)o->nranks)
+        db_ring(o, (int)r);
+    }
+  }
+}
+
+static void db_drain(struct ofi_ep *o) {
+  char buf[64];
+
+  while (recv(o->db_sock, buf, sizeof(buf), MSG_DONTWAIT) >= 0)
+    ;
+}
+
+static void db_timer_set(struct ofi_ep *o, unsigned us) {
+  struct itimerspec its = {.it_value = {.tv_sec = 0, .tv_nsec = (long)us * 1000}};
+  uint64_t expirations;
+
+  if (o->db_timer < 0)
+    return;
+  /* Nonblocking: a failed read only means it had not expired. */
+  if (!us && read(o->db_timer, &expirations, sizeof(expirations)) < 0)
+    expirations = 0;
+  timerfd_settime(o->db_timer, 0, &its, NULL);
+}
+
+/* shm reads this libfabric variable itself; we must agree with it. */
+static bool db_cma_disabled(void) {
+  static const char *const yes[] = {"1", "y", "yes", "on", "true"};
+  const char *v = getenv("FI_SHM_DISABLE_CMA");
+  size_t i;
+
+  for (i = 0; v && i < sizeof(yes) / sizeof(yes[0]); i++)
+    if (strcasecmp(v, yes[i]) == 0)
+      return true;
+  return false;
+}
+
+/* The kernel's CMA permission check, made the way shm makes it. */
+static bool db_cma_works(int32_t pid, uint64_t va, uint64_t nonce) {
+  uint64_t v = 0;
+  struct iovec local = {.iov_base = &v, .iov_len = sizeof(v)};
+  struct iovec remote = {.iov_base = (void *)(uintptr_t)va, .iov_len = sizeof(v)};
+
+  return process_vm_readv((pid_t)pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof(v) && v == nonce;
+}
+
+static int db_open(struct ofi_ep *o, const prov_config_t *cfg, char *errbuf, size_t errlen) {
+  static atomic_uint seq;
+  struct epoll_event ev = {.events = EPOLLIN};
+  size_t nw = ((size_t)o->nranks + 63) / 64;
+  long pagesz = sysconf(_SC_PAGESIZE);
+  uint64_t nonce;
+  int n, rc;
+
+  o->db_page_len = sizeof(struct ofi_db_page) + nw * sizeof(uint64_t);
+  o->db_page_len = (o->db_page_len + (size_t)pagesz - 1) / (size_t)pagesz * (size_t)pagesz;
+  o->db_memfd = memfd_create("chorus-doorbell", MFD_CLOEXEC);
+  if (o->db_memfd < 0)
+    goto out_errno;
+  if (ftruncate(o->db_memfd, (off_t)o->db_page_len))
+    goto out_close_memfd;
+  o->db_page = mmap(NULL, o->db_page_len, PROT_READ | PROT_WRITE, MAP_SHARED, o->db_memfd, 0);
+  if (o->db_page == MAP_FAILED) {
+    o->db_page = NULL;
+    goto out_close_memfd;
+  }
+  nonce = ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)o ^ (uint64_t)time(NULL) ^
+          ((uint64_t)atomic_fetch_add(&seq, 1) << 48);
+  o->db_page->nonce = nonce;
+
+  o->db_sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (o->db_sock < 0)
+    goto out_unmap;
+  memset(&o->db_sa, 0, sizeof(o->db_sa));
+  o->db_sa.sun_family = AF_UNIX;
+  /* Abstract namespace (leading NUL): nothing to unlink, gone with the fd. */
+  n = snprintf(o->db_sa.sun_path + 1, OFI_DB_NAME_MAX, "chorus/%.40s/%d/%d/%u",
+               cfg->job_id ? cfg->job_id : "-", o->rank, (int)getpid(), atomic_fetch_add(&seq, 1));
+  if (n < 0 || n >= OFI_DB_NAME_MAX) {
+    errno = ENAMETOOLONG;
+    goto out_close_sock;
+  }
+  o->db_salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+  if (bind(o->db_sock, (struct sockaddr *)&o->db_sa, o->db_salen))
+    goto out_close_sock;
+  o->db_epfd = epoll_create1(EPOLL_CLOEXEC);
+  if (o->db_epfd < 0)
+    goto out_close_sock;
+  if (epoll_ctl(o->db_epfd, EPOLL_CTL_ADD, o->db_sock, &ev))
+    goto out_close_epoll;
+  o->db_timer = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (o->db_timer < 0)
+    goto out_close_epoll;
+  if (epoll_ctl(o->db_epfd, EPOLL_CTL_ADD, o->db_timer, &ev))
+    goto out_close_timer;
+  o->db_nap_us = OFI_NAP_MIN_US;
+  return 0;
+
+out_close_timer:
+  rc = errno;
+  close(o->db_timer);
+  o->db_timer = -1;
+  errno = rc;
+out_close_epoll:
+  rc = errno;
+  close(o->db_epfd);
+  o->db_epfd = -1;
+  errno = rc;
+out_close_sock:
+  rc = errno;
+  close(o->db_sock);
+  o->db_sock = -1;
+  errno = rc;
+out_unmap:
+  rc = errno;
+  munmap(o->db_page, o->db_page_len);
+  o->db_page = NULL;
+  errno = rc;
+out_close_memfd:
+  rc = errno;
+  close(o->db_memfd);
+  o->db_memfd = -1;
+  errno = rc;
+out_errno:
+  rc = -errno;
+  prov_errf(errbuf, errlen, "ofi %s: doorbell setup failed: %s", o->prov_name, strerror(errno));
+  return rc;
+}
+
+static void db_close(struct ofi_ep *o) {
+  int i;
+
+  if (o->db_peers) {
+    for (i = 0; i < o->nranks; i++)
+      if (o->db_peers[i].page)
+        munmap(o->db_peers[i].page, o->db_peers[i].page_len);
+    free(o->db_peers);
+    o->db_peers = NULL;
+  }
+  if (o->db_timer >= 0)
+    close(o->db_timer);
+  if (o->db_epfd >= 0)
+    close(o->db_epfd);
+  if (o->db_sock >= 0)
+    close(o->db_sock);
+  if (o->db_page)
+    munmap(o->db_page, o->db_page_len);
+  if (o->db_memfd >= 0)
+    close(o->db_memfd);
+  o->db_timer = o->db_epfd = o->db_sock = o->db_memfd = -1;
+  o->db_page = NULL;
+}
+
+/* Maps peer's page; on any failure the peer is simply rung every time. */
+static void db_peer_attach(struct ofi_db_peer *d, int32_t pid, int32_t memfd, uint64_t nonce) {
+  char path[64];
+  struct stat st;
+  void *pg;
+  int fd;
+
+  d->page = NULL;
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, (int)memfd);
+  fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  if (fstat(fd, &st) || st.st_size < (off_t)sizeof(struct ofi_db_page))
+    goto out_close;
+  pg = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (pg == MAP_FAILED)
+    goto out_close;
+  if (((struct ofi_db_page *)pg)->nonce != nonce) {
+    munmap(pg, (size_t)st.st_size);
+    goto out_close;
+  }
+  d->page = pg;
+  d->page_len = (size_t)st.st_size;
+out_close:
+  close(fd);
+}
+
+/* ---- wire address: magic, fab_len, db_len, libfabric name, doorbell ----
+ * doorbell: pid (4), memfd (4), nonce (8), page address (8),
+ * socket name length (1), name. */
+#define OFI_DB_FIXED 25
+
+static int addr_build(struct ofi_ep *o, const void *fab, size_t fab_len) {
+  unsigned char *p = o->addr;
+  uint32_t magic = OFI_ADDR_MAGIC;
+  uint16_t fl = (uint16_t)fab_len, dl = 0;
+
+  if (o->wait == OFI_WAIT_DOORBELL)
+    dl = (uint16_t)(OFI_DB_FIXED + (o->db_salen - offsetof(struct sockaddr_un, sun_path)));
+  if (8 + fab_len + dl > sizeof(o->addr))
+    return -ENAMETOOLONG;
+  memcpy(p, &magic, 4);
+  memcpy(p + 4, &fl, 2);
+  memcpy(p + 6, &dl, 2);
+  memcpy(p + 8, fab, fab_len);
+  p += 8 + fab_len;
+  if (dl) {
+    int32_t pid = (int32_t)getpid(), fd = o->db_memfd;
+    uint64_t va = (uint64_t)(uintptr_t)o->db_page;
+    uint8_t nl = (uint8_t)(dl - OFI_DB_FIXED);
+
+    memcpy(p, &pid, 4);
+    memcpy(p + 4, &fd, 4);
+    memcpy(p + 8, &o->db_page->nonce, 8);
+    memcpy(p + 16, &va, 8);
+    memcpy(p + 24, &nl, 1);
+    memcpy(p + OFI_DB_FIXED, o->db_sa.sun_path, nl);
+  }
+  o->addrlen = 8 + fab_len + dl;
+  return 0;
+}
+
+struct ofi_peer_addr {
+  const unsigned char *fab;
+  size_t fab_len;
+  bool has_db;
+  int32_t pid, memfd;
+  uint64_t nonce, va;
+  const unsigned char *name;
+  size_t name_len;
+};
+
+static int addr_parse(const void *addr, size_t len, struct ofi_peer_addr *pa) {
+  const unsigned char *p = addr;
+  uint32_t magic;
+  uint16_t fl, dl;
+  uint8_t nl;
+
+  memset(pa, 0, sizeof(*pa));
+  if (!p || len < 8)
+    return -EINVAL;
+  memcpy(&magic, p, 4);
+  memcpy(&fl, p + 4, 2);
+  memcpy(&dl, p + 6, 2);
+  if (magic != OFI_ADDR_MAGIC || (size_t)8 + fl + dl != len || !fl)
+    return -EINVAL;
+  pa->fab = p + 8;
+  pa->fab_len = fl;
+  if (!dl)
+    return 0;
+  p += 8 + fl;
+  if (dl < OFI_DB_FIXED)
+    return -EINVAL;
+  memcpy(&pa->pid, p, 4);
+  memcpy(&pa->memfd, p + 4, 4);
+  memcpy(&pa->nonce, p + 8, 8);
+  memcpy(&pa->va, p + 16, 8);
+  memcpy(&nl, p + 24, 1);
+  if ((size_t)nl + OFI_DB_FIXED != dl || nl > sizeof(((struct sockaddr_un *)0)->sun_path))
+    return -EINVAL;
+  pa->name = p + OFI_DB_FIXED;
+  pa->name_len = nl;
+  pa->has_db = true;
+  return 0;
+}
+
+/* ---- open ---- */
+
+static size_t ofi_safe_posted(const struct fi_info *info) {
+  size_t m = info->tx_attr->size < info->rx_attr->size ? info->tx_attr->size : info->rx_attr->size;
+
+  m -= m / 8; /* headroom for what the provider queues on its own */
+  if (m > OFI_MAX_POSTED_CAP)
+    m = OFI_MAX_POSTED_CAP;
+  return m ? m : 1;
+}
+
+static int ofi_open_cq(struct ofi_ep *o) {
+  struct fi_cq_attr attr = {
+      .format = FI_CQ_FORMAT_TAGGED,
+      .size = o->info->tx_attr->size + o->info->rx_attr->size,
+      .wait_obj = FI_WAIT_NONE,
+  };
+  int rc;
+
+  if (o->wait == OFI_WAIT_CQ_FD) {
+    attr.wait_obj = FI_WAIT_FD;
+    rc = fi_cq_open(o->domain, &attr, &o->cq, NULL);
+    if (!rc) {
+      rc = fi_control(&o->cq->fid, FI_GETWAIT, &o->cq_fd);
+      if (!rc && o->cq_fd >= 0)
+        return 0;
+      fi_close(&o->cq->fid);
+      o->cq = NULL;
+    }
+    /* No usable wait object: fall back to a timer. */
+    o->wait = OFI_WAIT_TIMER;
+    o->cq_fd = -1;
+    attr.wait_obj = FI_WAIT_NONE;
+  }
+  return fi_cq_open(o->domain, &attr, &o->cq, NULL);
+}
+
+static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errlen) {
+  unsigned char fab[OFI_FABNAME_MAX];
+  size_t fab_len = sizeof(fab) - 1;
+  struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+  struct ofi_ep *o;
+  const char *prov;
+  size_t i;
+  int rc;
+
+  if (out)
+    *out = NULL;
+  if (!cfg || !out || !cfg->name || cfg->nranks <= 0 || cfg->rank < 0 || cfg->rank >= cfg->nranks) {
+    prov_errf(errbuf, errlen, "ofi: bad configuration");
+    return -EINVAL;
+  }
+  o = calloc(1, sizeof(*o));
+  if (!o) {
+    prov_errf(errbuf, errlen, "ofi: out of memory");
+    return -ENOMEM;
+  }
+  o->base.ops = &prov_ofi_ops;
+  o->base.name = o->prov_name;
+  o->base.last_error = o->errmsg;
+  o->rank = cfg->rank;
+  o->nranks = cfg->nranks;
+  o->cq_fd = o->db_epfd = o->db_sock = o->db_timer = o->db_memfd = -1;
+  prov = ofi_prov_name(cfg->name);
+
+  o->directed = true;
+  rc = ofi_getinfo(prov, FI_TAGGED | FI_DIRECTED_RECV, &o->info);
+  if (rc == -FI_ENODATA) {
+    o->directed = false;
+    rc = ofi_getinfo(prov, FI_TAGGED, &o->info);
+  }
+  if (rc) {
+    prov_errf(errbuf, errlen, "ofi: no libfabric provider \"%s\" with RDM tagged messaging: %s",
+              prov, fi_strerror(-rc));
+    rc = rc == -FI_ENODATA ? -ENODEV : ofi_to_errno(rc);
+    goto out_free_ep;
+  }
+  snprintf(o->prov_name, sizeof(o->prov_name), "%s", o->info->fabric_attr->prov_name);
+  o->directed = o->directed && (o->info->caps & FI_DIRECTED_RECV);
+  o->inject_len = o->info->tx_attr->inject_size;
+  o->max_posted = ofi_safe_posted(o->info);
+  if (strcmp(o->prov_name, "shm") == 0)
+    o->wait = OFI_WAIT_DOORBELL;
+  else if (strncmp(o->prov_name, "udp", 3) == 0)
+    o->wait = OFI_WAIT_TIMER;
+  else
+    o->wait = OFI_WAIT_CQ_FD;
+
+  rc = fi_fabric(o->info->fabric_attr, &o->fabric, NULL);
+  if (rc) {
+    prov_errf(errbuf, errlen, "ofi %s: fi_fabric: %s", o->prov_name, fi_strerror(-rc));
+    goto out_free_info;
+  }
+  rc = fi_domain(o->fabric, o->info, &o->domain, NULL);
+  if (rc) {
+    prov_errf(errbuf, errlen, "ofi %s: fi_domain: %s", o->prov_name, fi_strerror(-rc));
+    goto out_close_fabric;
+  }
+  av_attr.count = (size_t)cfg->nranks;
+  rc = fi_av_open(o->domain, &av_attr, &o->av, NULL);
+  if (rc) {
+    prov_errf(errbuf, errlen, "ofi %s: fi_av_open: %s", o->prov_name, fi_strerror(-rc));
+    goto out_close_domain;
+  }
+  rc = ofi_open_cq(o);
+  if (rc) {
+    prov_errf(errbuf, errlen, "ofi %s: fi_cq_open: %s", o->prov_name, fi_strerror(-rc));
+    goto out_close_av;
+  }
+  rc = fi_endpoint(o->domain, o->info, &o->ep, NULL);
+  if (rc) {
+    prov_errf(errbuf, errlen, "ofi %s: fi_endpoint: %s", o->prov_name, fi_strerror(-rc));
+    goto out_close_cq;
+  }
+  rc = fi_ep_bind(o->ep, &o->av->fid, 0);
+  if (!rc)
+    rc = fi_ep_bind(o->ep, &o->cq->fid, FI_TRANSMIT | FI_RECV);
+  if (!rc)
+    rc = fi_enable(o->ep);
+  if (!rc)
+    rc = fi_getname(&o->ep->fid, fab, &fab_len);
+  if (rc) {
+    prov_errf(errbuf, errlen, "ofi %s: endpoint setup: %s", o->prov_name, fi_strerror(-rc));
+    goto out_close_endpoint;
+  }
+  /* FI_ADDR_STR names go back to fi_av_insert as C strings. */
+  if (o->info->addr_format == FI_ADDR_STR && (fab_len == 0 || fab[fab_len - 1] != '\0'))
+    fab[fab_len++] = '\0';
+
+  o->slots = calloc(2 * o->max_posted, sizeof(*o->slots));
+  if (!o->slots) {
+    rc = -FI_ENOMEM;
+    prov_errf(errbuf, errlen, "ofi %s: out of memory", o->prov_name);
+    goto out_close_endpoint;
+  }
+  for (i = 2 * o->max_posted; i-- > 0;) {
+    struct ofi_slot *s = &o->slots[i];
+
+    s->is_send = i < o->max_posted;
+    s->next_free = s->is_send ? o->tx_free : o->rx_free;
+    *(s->is_send ? &o->tx_free : &o->rx_free) = s;
+  }
+
+  if (o->wait == OFI_WAIT_DOORBELL) {
+    rc = db_open(o, cfg, errbuf, errlen);
+    if (rc)
+      goto out_free_slots;
+  }
+  rc = addr_build(o, fab, fab_len);
+  if (rc) {
+    prov_errf(errbuf, errlen, "ofi %s: address too long", o->prov_name);
+    goto out_close_doorbell;
+  }
+  *out = &o->base;
+  return 0;
+
+out_close_doorbell:
+  db_close(o);
+out_free_slots:
+  free(o->slots);
+out_close_endpoint:
+  fi_close(&o->ep->fid);
+out_close_cq:
+  fi_close(&o->cq->fid);
+out_close_av:
+  fi_close(&o->av->fid);
+out_close_domain:
+  fi_close(&o->domain->fid);
+out_close_fabric:
+  fi_close(&o->fabric->fid);
+out_free_info:
+  fi_freeinfo(o->info);
+  rc = ofi_to_errno(rc);
+out_free_ep:
+  free(o);
+  return rc;
+}
+
+static int ofi_getname(prov_t *p, void *addr, size_t *len) {
+  struct ofi_ep *o = to_ofi(p);
+
+  if (!len)
+    return -EINVAL;
+  if (!addr || *len < o->addrlen) {
+    *len = o->addrlen;
+    return -ENOSPC;
+  }
+  memcpy(addr, o->addr, o->addrlen);
+  *len = o->addrlen;
+  return 0;
+}
+
+static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens, int n) {
+  struct ofi_ep *o = to_ofi(p);
+  bool no_cma = db_cma_disabled();
+  struct ofi_peer_addr pa;
+  int i, rc;
+
+  if (o->peers) {
+    ofi_seterr(o, "add_peers called twice");
+    return -EALREADY;
+  }
+  if (n != o->nranks || !addrs || !lens) {
+    ofi_seterr(o, "add_peers got %d addresses for %d ranks", n, o->nranks);
+    return -EINVAL;
+  }
+  o->peers = calloc((size_t)n, sizeof(*o->peers));
+  if (!o->peers)
+    return -ENOMEM;
+  if (o->wait == OFI_WAIT_DOORBELL) {
+    o->db_peers = calloc((size_t)n, sizeof(*o->db_peers));
+    if (!o->db_peers) {
+      rc = -ENOMEM;
+      goto out_free_peers;
+    }
+  }
+  for (i = 0; i < n; i++) {
+    rc = addr_parse(addrs[i], lens[i], &pa);
+    if (rc || (o->db_peers && !pa.has_db)) {
+      ofi_seterr(o, "address of rank %d is not a chorus %s address", i, o->prov_name);
+      rc = -EINVAL;
+      goto out_unmap_peers;
+    }
+    rc = fi_av_insert(o->av, pa.fab, 1, &o->peers[i], 0, NULL);
+    if (rc != 1) {
+      ofi_seterr(o, "fi_av_insert of rank %d: %s", i, rc < 0 ? fi_strerror(-rc) : "rejected");
+      rc = rc < 0 ? ofi_to_errno(rc) : -EINVAL;
+      goto out_unmap_peers;
+    }
+    if (o->db_peers) {
+      struct ofi_db_peer *d = &o->db_peers[i];
+
+      d->sa.sun_family = AF_UNIX;
+      memcpy(d->sa.sun_path, pa.name, pa.name_len);
+      d->salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + pa.name_len);
+      db_peer_attach(d, pa.pid, pa.memfd, pa.nonce);
+      d->sar = no_cma || !db_cma_works(pa.pid, pa.va, pa.nonce);
+    }
+  }
+  return 0;
+
+out_unmap_peers:
+  if (o->db_peers) {
+    while (i-- > 0)
+      if (o->db_peers[i].page)
+        munmap(o->db_peers[i].page, o->db_peers[i].page_len);
+    free(o->db_peers);
+    o->db_peers = NULL;
+  }
+  /* AV entries already inserted stay: a second add_peers is refused anyway. */
+out_free_peers:
+  free(o->peers);
+  o->peers = NULL;
+  return rc;
+}
+
+static int ofi_check_post(struct ofi_ep *o, int peer, size_t len, const void *buf, prov_op_t *op) {
+  if (o->closing)
+    return -ESHUTDOWN;
+  if (!op || !op->done || (len && !buf))
+    return -EINVAL;
+  if (!o->peers || peer < 0 || peer >= o->nranks)
+    return -EINVAL;
+  return 0;
+}
+
+/* A failed post: -EAGAIN when the provider's queues are full. */
+static int ofi_post_failed(struct ofi_ep *o, struct ofi_slot *s, ssize_t rc, const char *what) {
+  int peer = s->peer;
+  uint64_t tag = s->tag;
+
+  s->op->internal[PROV_OP_OWNER] = NULL;
+  s->op->internal[PROV_OP_REQ] = NULL;
+  slot_put(o, s);
+  if (rc == -FI_EAGAIN || rc == -FI_ENOMEM) {
+    if (o->wait == OFI_WAIT_DOORBELL)
+      db_want_ring(o, peer);
+    return -EAGAIN;
+  }
+  ofi_seterr(o, "%s rank %d tag %#llx: %s", what, peer, (unsigned long long)tag,
+             fi_strerror((int)-rc));
+  return ofi_to_errno(rc);
+}
+
+static struct ofi_slot *ofi_slot_fill(struct ofi_ep *o, bool is_send, prov_t *p, int peer,
+                                      size_t len, uint64_t tag, prov_op_t *op) {
+  struct ofi_slot *s = slot_get(o, is_send);
+
+  if (!s)
+    return NULL;
+  s->op = op;
+  s->peer = peer;
+  s->len = len;
+  s->tag = tag;
+  s->nap = OFI_NAP_NONE;
+  op->internal[PROV_OP_OWNER] = p;
+  op->internal[PROV_OP_REQ] = s;
+  return s;
+}
+
+static void db_track_nap(struct ofi_ep *o, struct ofi_slot *s) {
+  if (s->len <= o->inject_len)
+    return;
+  if (o->db_peers[s->peer].sar)
+    s->nap = OFI_NAP_SAR;
+  else if (s->is_send)
+    s->nap = OFI_NAP_SEND;
+  else
+    return;
+  o->db_nap_ops++;
+  o->db_nap_sar += s->nap == OFI_NAP_SAR;
+}
+
+static int ofi_post_send(prov_t *p, int peer, const void *buf, size_t len, uint64_t tag,
+                         prov_op_t *op) {
+  struct ofi_ep *o = to_ofi(p);
+  struct ofi_slot *s;
+  ssize_t rc = ofi_check_post(o, peer, len, buf, op);
+
+  if (rc)
+    return (int)rc;
+  s = ofi_slot_fill(o, true, p, peer, len, tag, op);
+  if (!s)
+    return -EAGAIN;
+  rc = fi_tsend(o->ep, buf, len, NULL, o->peers[peer], tag, &s->fctx);
+  if (rc)
+    return ofi_post_failed(o, s, rc, "send to");
+  if (o->wait == OFI_WAIT_DOORBELL) {
+    db_track_nap(o, s);
+    db_ring_if_sleeping(o, peer);
+  }
+  return 0;
+}
+
+static int ofi_post_recv(prov_t *p, int peer, void *buf, size_t len, uint64_t tag, prov_op_t *op) {
+  struct ofi_ep *o = to_ofi(p);
+  struct ofi_slot *s;
+  ssize_t rc = ofi_check_post(o, peer, len, buf, op);
+
+  if (rc)
+    return (int)rc;
+  s = ofi_slot_fill(o, false, p, peer, len, tag, op);
+  if (!s)
+    return -EAGAIN;
+  rc = fi_trecv(o->ep, buf, len, NULL, o->directed ? o->peers[peer] : FI_ADDR_UNSPEC, tag, 0,
+                &s->fctx);
+  if (rc)
+    return ofi_post_failed(o, s, rc, "recv from");
+  if (o->wait == OFI_WAIT_DOORBELL)
+    db_track_nap(o, s);
+  return 0;
+}
+
+static int ofi_cancel(prov_t *p, prov_op_t *op) {
+  struct ofi_ep *o = to_ofi(p);
+  struct ofi_slot *s;
+
+  if (!op || op->internal[PROV_OP_OWNER] != p)
+    return -ENOENT;
+  s = op->internal[PROV_OP_REQ];
+  /* Too late (matched, sending) is not an error: the op completes normally. */
+  (void)fi_cancel(&o->ep->fid, &s->fctx);
+  return 0;
+}
+
+/* ---- completions ---- */
+
+static void ofi_deliver(struct ofi_ep *o, struct ofi_slot *s, int status, size_t len) {
+  prov_op_t *op = s->op;
+  bool is_send = s->is_send;
+  int peer = s->peer;
+
+  if (is_send && !status)
+    len = s->len;
+  if (s->nap) {
+    o->db_nap_ops--;
+    o->db_nap_sar -= s->nap == OFI_NAP_SAR;
+  }
+  slot_put(o, s);
+  op->internal[PROV_OP_OWNER] = NULL;
+  op->internal[PROV_OP_REQ] = NULL;
+  /* A sender above the inject size waits for us to have copied its data. */
+  if (!is_send && o->db_peers && status != -ECANCELED && (len > o->inject_len || status))
+    db_ring_if_sleeping(o, peer);
+  op->done(op, status, len);
+}
+
+static struct ofi_slot *ofi_slot_of(void *op_context) {
+  return PROV_CONTAINER_OF(op_context, struct ofi_slot, fctx);
+}
+
+static int ofi_read_error(struct ofi_ep *o) {
+  struct fi_cq_err_entry err = {0};
+  char buf[128];
+  struct ofi_slot *s;
+  ssize_t rc;
+  int status;
+
+  rc = fi_cq_readerr(o->cq, &err, 0);
+  if (rc == -FI_EAGAIN)
+    return 0;
+  if (rc < 0) {
+    ofi_seterr(o, "fi_cq_readerr: %s", fi_strerror((int)-rc));
+    return ofi_to_errno(rc);
+  }
+  err.err = err.err < 0 ? -err.err : err.err; /* shm reports some codes negated */
+  status = err.err == FI_ECANCELED ? -ECANCELED : ofi_to_errno(err.err);
+  if (!err.op_context) {
+    ofi_seterr(o, "completion error without an operation: %s", fi_strerror(err.err));
+    return 0;
+  }
+  s = ofi_slot_of(err.op_context);
+  if (status != -ECANCELED) {
+    const char *detail = "";
+
+    /* For truncation, rxm's prov_errno reads "Operation now in progress". */
+    if (err.prov_errno && err.err != FI_ETRUNC)
+      detail = fi_cq_strerror(o->cq, err.prov_errno, err.err_data, buf, sizeof(buf));
+    ofi_seterr(o, "%s rank %d tag %#llx failed: %s%s%s%s", s->is_send ? "send to" : "recv from",
+               s->peer, (unsigned long long)s->tag, fi_strerror(err.err),
+               err.err == FI_ETRUNC ? " (message longer than the receive buffer)" : "",
+               detail && detail[0] ? "; provider: " : "", detail ? detail : "");
+  }
+  ofi_deliver(o, s, status, err.len);
+  return 1;
+}
+
+static int ofi_progress(prov_t *p) {
+  struct ofi_ep *o = to_ofi(p);
+  struct fi_cq_tagged_entry e[OFI_CQ_BATCH];
+  int n = 0, batches, rc = 0;
+
+  /* Callbacks may re-enter (post, even progress): pop before delivering. */
+  while (o->stash_pos < o->stash_n) {
+    struct fi_cq_tagged_entry *x = &o->stash[o->stash_pos++];
+
+    ofi_deliver(o, ofi_slot_of(x->op_context), 0, x->len);
+    n++;
+  }
+  for (batches = 0; batches < OFI_CQ_BATCHES_PER_PROGRESS; batches++) {
+    ssize_t got = fi_cq_read(o->cq, e, OFI_CQ_BATCH);
+    ssize_t i;
+
+    if (got == -FI_EAGAIN)
+      break;
+    if (got == -FI_EAVAIL) {
+      rc = ofi_read_error(o);
+      if (rc < 0)
+        break;
+      n += rc;
+      rc = 0;
+      continue;
+    }
+    if (got < 0) {
+      ofi_seterr(o, "fi_cq_read: %s", fi_strerror((int)-got));
+      rc = ofi_to_errno(got);
+      break;
+    }
+    for (i = 0; i < got; i++)
+      ofi_deliver(o, ofi_slot_of(e[i].op_context), 0, e[i].len);
+    n += (int)got;
+    if (got < OFI_CQ_BATCH)
+      break;
+  }
+  if (o->wait == OFI_WAIT_DOORBELL) {
+    db_answer(o);
+    if (n)
+      o->db_nap_us = OFI_NAP_MIN_US;
+  }
+  return n ? n : rc;
+}
+
+static int ofi_wait_fd(prov_t *p) {
+  struct ofi_ep *o = to_ofi(p);
+
+  switch (o->wait) {
+  case OFI_WAIT_CQ_FD:
+    return o->cq_fd;
+  case OFI_WAIT_DOORBELL:
+    return o->db_epfd;
+  default:
+    return -1;
+  }
+}
+
+/* Reads what is ready into the stash: > 0 (or an error) means "not now". */
+static ssize_t ofi_stash_fill(struct ofi_ep *o) {
+  ssize_t got = fi_cq_read(o->cq, o->stash, OFI_STASH);
+
+  if (got > 0) {
+    o->stash_pos = 0;
+    o->stash_n = (int)got;
+    return got;
+  }
+  return got == -FI_EAGAIN ? 0 : 1;
+}
+
+static int ofi_arm(prov_t *p) {
+  struct ofi_ep *o = to_ofi(p);
+  struct fid *fids[1] = {&o->cq->fid};
+  int i, rc;
+
+  if (o->stash_pos < o->stash_n)
+    return -EAGAIN;
+  switch (o->wait) {
+  case OFI_WAIT_CQ_FD:
+    for (i = 0; i < OFI_TRYWAIT_TRIES; i++) {
+      rc = fi_trywait(o->fabric, fids, 1);
+      if (rc == FI_SUCCESS)
+        return 0;
+      if (rc != -FI_EAGAIN || ofi_stash_fill(o))
+        return -EAGAIN;
+    }
+    return -EAGAIN;
+  case OFI_WAIT_DOORBELL:
+    atomic_store(&o->db_page->sleeping, 1);
+    atomic_thread_fence(memory_order_seq_cst); /* flag visible before the last look */
+    if (ofi_stash_fill(o) || atomic_load(&o->db_page->want_any)) {
+      atomic_store(&o->db_page->sleeping, 0);
+      return -EAGAIN;
+    }
+    if (o->db_nap_ops && !o->db_no_backstop) {
+      unsigned cap = o->db_nap_sar ? OFI_NAP_MAX_SAR_US : OFI_NAP_MAX_US;
+
+      if (o->db_nap_us > cap)
+        o->db_nap_us = cap;
+      db_timer_set(o, o->db_nap_us);
+      o->db_nap_us = o->db_nap_us * 2 < cap ? o->db_nap_us * 2 : cap;
+    }
+    return 0;
+  default:
+    return ofi_stash_fill(o) ? -EAGAIN : 0;
+  }
+}
+
+static void ofi_disarm(prov_t *p) {
+  struct ofi_ep *o = to_ofi(p);
+
+  if (o->wait != OFI_WAIT_DOORBELL)
+    return;
+  atomic_store(&o->db_page->sleeping, 0);
+  db_drain(o);
+  db_timer_set(o, 0);
+}
+
+static size_t ofi_max_posted(prov_t *p) {
+  return to_ofi(p)->max_posted;
+}
+
+static long ofi_elapsed_ns(const struct timespec *t0) {
+  struct timespec t;
+
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (t.tv_sec - t0->tv_sec) * 1000000000L + (t.tv_nsec - t0->tv_nsec);
+}
+
+static void ofi_close(prov_t *p) {
+  struct ofi_ep *o = to_ofi(p);
+  struct timespec t0;
+  size_t i;
+
+  o->closing = true;
+  for (i = 0; i < 2 * o->max_posted; i++)
+    if (o->slots[i].op)
+      (void)fi_cancel(&o->ep->fid, &o->slots[i].fctx);
+  /* Give cancellations and sends in flight a moment to complete. */
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (o->in_flight && ofi_elapsed_ns(&t0) < OFI_CLOSE_DRAIN_NS) {
+    if (ofi_progress(p) <= 0) {
+      struct timespec nap = {0, 100000};
+
+      nanosleep(&nap, NULL);
+    }
+  }
+  fi_close(&o->ep->fid);
+  /* What never completed (sends to a peer that never received) is ours to end. */
+  for (i = 0; i < 2 * o->max_posted; i++)
+    if (o->slots[i].op)
+      ofi_deliver(o, &o->slots[i], -ECANCELED, 0);
+
+  fi_close(&o->cq->fid);
+  fi_close(&o->av->fid);
+  fi_close(&o->domain->fid);
+  fi_close(&o->fabric->fid);
+  fi_freeinfo(o->info);
+  db_close(o);
+  free(o->slots);
+  free(o->peers);
+  free(o);
+}
+
+void prov_ofi_test_no_backstop(prov_t *p) {
+  if (p && p->ops == &prov_ofi_ops)
+    to_ofi(p)->db_no_backstop = true;
+}
+
+const prov_ops_t prov_ofi_ops = {
+    .size = sizeof(prov_ops_t),
+    .name = "ofi",
+    .open = ofi_open,
+    .getname = ofi_getname,
+    .add_peers = ofi_add_peers,
+    .post_send = ofi_post_send,
+    .post_recv = ofi_post_recv,
+    .cancel = ofi_cancel,
+    .progress = ofi_progress,
+    .wait_fd = ofi_wait_fd,
+    .arm = ofi_arm,
+    .disarm = ofi_disarm,
+    .max_posted = ofi_max_posted,
+    .close = ofi_close,
+};

@@ -180,7 +180,7 @@ static void check_truncation(const char *name) {
      * success of the buffer's length. Pinned here so a change shows. */
     cr_assert_eq(r.status, 0, "udp now reports truncation (%d): update this test", r.status);
     cr_assert_eq(r.len, sizeof(b));
-    cr_log_warn("udp;ofi_rxd does not report truncation: a short receive looks like success");
+    cr_log_info("NOTE: udp;ofi_rxd does not report truncation: a short receive looks like success");
     return;
   }
   cr_assert_eq(r.status, -EMSGSIZE, "truncated receive: %d", r.status);
