@@ -500,8 +500,8 @@ CHORUS_API chorus_result chorus_comm_init(chorus_comm_t **comm, int rank, int si
   if (!comm)
     return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init: comm is NULL");
   *comm = NULL;
-  if (size < 1 || size > 65535)
-    return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init: size %d out of range [1, 65535]",
+  if (size < 1 || size > 32767)
+    return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init: size %d out of range [1, 32767]",
                      size);
   if (rank < 0 || rank >= size)
     return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init: rank %d out of range [0, %d)",

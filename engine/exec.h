@@ -56,7 +56,8 @@ void exec_fail_all(exec_ctx_t *ctx, int status);
 bool exec_idle(const exec_ctx_t *ctx);
 void exec_ctx_fini(exec_ctx_t *ctx);
 
-/* Tag layout (64 bits): source rank 16 | communicator 8 | sequence 16 | message 24. */
+/* Tag layout (64 bits): source rank 16 | communicator 8 | sequence 16 | message 24.
+ * Ranks stay below 32768, so bit 63, which the transports reserve, is 0. */
 static inline uint64_t exec_tag(int src, uint8_t comm_id, uint16_t seq, uint32_t msg) {
   return ((uint64_t)(uint16_t)src << 48) | ((uint64_t)comm_id << 40) | ((uint64_t)seq << 24) |
          (msg & 0xffffffu);

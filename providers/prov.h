@@ -8,7 +8,8 @@
  * Model
  *  - A transport instance is one endpoint of one rank. Peers are numbered
  *    0..n-1 (ranks) after add_peers().
- *  - Messages are tagged (64 bits). A receive names the source peer and the
+ *  - Messages are tagged (64 bits; bit 63 is reserved for the transports'
+ *    own messages and must be 0). A receive names the source peer and the
  *    tag; a message matches only a receive with the same source and tag.
  *    Messages between one pair with distinct tags may complete in any order.
  *  - Operations complete asynchronously: the caller embeds a prov_op in its
