@@ -66,7 +66,7 @@ static const struct setting settings_table[] = {
     {"CHORUS_CONNECT_TIMEOUT", SET_SECONDS, "60",
      "seconds to wait for every rank at the rendezvous (and for each bootstrap round)",
      FIELD(connect_timeout_s), 0.001, 7 * 86400.0},
-    {"CHORUS_CHUNK_BYTES", SET_SIZE, "1M",
+    {"CHORUS_CHUNK_BYTES", SET_SIZE, "256K",
      "pipeline chunk size in bytes; K, M and G suffixes accepted (powers of 1024)",
      FIELD(chunk_bytes), 1, 1099511627776.0 /* 1 TiB */},
     {"CHORUS_MAX_POSTED", SET_COUNT, "256", "sends and receives in flight per rank",

@@ -61,7 +61,7 @@ Test(settings, defaults) {
   cr_assert_str_eq(s.provider, "");
   cr_assert_str_eq(s.job_token, "");
   cr_assert_float_eq(s.connect_timeout_s, 60.0, 1e-9);
-  cr_assert_eq(s.chunk_bytes, 1u << 20);
+  cr_assert_eq(s.chunk_bytes, 256u << 10);
   cr_assert_eq(s.max_posted, 256);
   cr_assert_eq(s.spin_us, 50);
   cr_assert_eq(s.log_level, 1);
@@ -133,7 +133,7 @@ Test(settings, empty_means_unset) {
   setenv("CHORUS_CHUNK_BYTES", "", 1);
   setenv("CHORUS_LOG", "", 1);
   cr_assert_eq(settings_load(&s, err, sizeof(err)), 0, "%s", err);
-  cr_assert_eq(s.chunk_bytes, 1u << 20);
+  cr_assert_eq(s.chunk_bytes, 256u << 10);
   cr_assert_eq(s.log_level, 1);
 }
 
