@@ -91,6 +91,7 @@
 #define OFI_API_VERSION FI_VERSION(1, 9)
 #define OFI_ADDR_MAGIC 0x43484f46u /* "CHOF" */
 #define OFI_MAX_POSTED_CAP 1024
+#define OFI_RXD_MAX_POSTED 32
 #define OFI_CQ_BATCH 32
 #define OFI_CQ_BATCHES_PER_PROGRESS 8
 #define OFI_STASH 32
@@ -713,8 +714,13 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
     if (o->rndv)
       o->max_posted = o->max_posted / 2 ? o->max_posted / 2 : 1;
   }
-  else if (strncmp(o->prov_name, "udp", 3) == 0)
+  else if (strncmp(o->prov_name, "udp", 3) == 0) {
     o->wait = OFI_WAIT_TIMER;
+    /* udp;ofi_rxd stalls silently, for good, once a peer has more
+     * unacknowledged messages than its window: stay well inside it */
+    if (o->max_posted > OFI_RXD_MAX_POSTED)
+      o->max_posted = OFI_RXD_MAX_POSTED;
+  }
   else
     o->wait = OFI_WAIT_CQ_FD;
 
@@ -1167,6 +1173,12 @@ static void ofi_complete(struct ofi_ep *o, void *ctx, int status, size_t len, ui
                          uint64_t data) {
   struct ofi_slot *s = ofi_slot_of(o, ctx);
 
+  if (!s->op) {
+    /* a second completion for an op already delivered (seen with
+     * udp;ofi_rxd after a cancel): nobody is waiting for it */
+    ofi_seterr(o, "ignored a completion (status %d) for an operation already finished", status);
+    return;
+  }
   if (s->is_send && s->rndv_pending) {
     if (ofi_is_ack_ctx(o, ctx)) {
       s->rndv_pending &= (unsigned char)~OFI_RNDV_ACK;
