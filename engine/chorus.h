@@ -36,15 +36,15 @@ extern "C" {
 /* Result codes. 0 is success; errors are negative and stable. */
 typedef enum chorus_result {
   CHORUS_SUCCESS = 0,
-  CHORUS_ERR_INVALID_ARG = -1,  /* a NULL pointer, a bad size, a bad rank */
+  CHORUS_ERR_INVALID_ARG = -1, /* a NULL pointer, a bad size, a bad rank */
   CHORUS_ERR_INVALID_DTYPE = -2,
   CHORUS_ERR_INVALID_OP = -3,
-  CHORUS_ERR_INVALID_COMM = -4, /* NULL or already destroyed communicator */
+  CHORUS_ERR_INVALID_COMM = -4,   /* NULL or already destroyed communicator */
   CHORUS_ERR_COUNT_OVERFLOW = -5, /* count * element size overflows */
   CHORUS_ERR_NO_MEMORY = -6,
-  CHORUS_ERR_TRANSPORT = -7,    /* the transport (libfabric) failed */
-  CHORUS_ERR_BOOTSTRAP = -8,    /* rendezvous failed */
-  CHORUS_ERR_AUTH = -9,         /* wrong job token */
+  CHORUS_ERR_TRANSPORT = -7, /* the transport (libfabric) failed */
+  CHORUS_ERR_BOOTSTRAP = -8, /* rendezvous failed */
+  CHORUS_ERR_AUTH = -9,      /* wrong job token */
   CHORUS_ERR_TIMEOUT = -10,
   CHORUS_ERR_PEER_LOST = -11,
   CHORUS_ERR_MISMATCH = -12,
@@ -136,9 +136,9 @@ CHORUS_API const char *chorus_last_error(void);
 CHORUS_API chorus_result chorus_allreduce(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
                                           size_t count, chorus_dtype dtype, chorus_op op);
 /* Nonblocking allreduce: *req receives a request to test or wait on. */
-CHORUS_API chorus_result chorus_iallreduce(chorus_comm_t *comm, const void *sendbuf,
-                                           void *recvbuf, size_t count, chorus_dtype dtype,
-                                           chorus_op op, chorus_request_t **req);
+CHORUS_API chorus_result chorus_iallreduce(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                           size_t count, chorus_dtype dtype, chorus_op op,
+                                           chorus_request_t **req);
 
 /*
  * Test a request: *done is set to 1 when it finished (the request is then

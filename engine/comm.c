@@ -58,7 +58,7 @@ struct eng_local_job {
   pthread_cond_t cond;
   int arrived;
   unsigned generation;
-  void **slots;     /* allgather contributions */
+  void **slots; /* allgather contributions */
   size_t *lens;
 };
 
@@ -164,8 +164,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg) {
     eng_log(ENG_WARN, c->rank, "progress", "eventfd read: %s", strerror(errno));
 }
 
-static void on_timer(evutil_socket_t fd, short what, void *arg) {
-}
+static void on_timer(evutil_socket_t fd, short what, void *arg) {}
 
 static void request_exec_done(exec_t *ex, int status, void *arg) {
   request_complete(arg, (chorus_result)status);
@@ -504,13 +503,12 @@ CHORUS_API chorus_result chorus_comm_init(chorus_comm_t **comm, int rank, int si
     return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init: size %d out of range [1, 32767]",
                      size);
   if (rank < 0 || rank >= size)
-    return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init: rank %d out of range [0, %d)",
-                     rank, size);
+    return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init: rank %d out of range [0, %d)", rank,
+                     size);
   if (!rendezvous || !*rendezvous || !strchr(rendezvous, ':'))
-    return eng_error(CHORUS_ERR_INVALID_ARG,
-                     "chorus_comm_init: rendezvous must be \"host:port\", got %s%s%s",
-                     rendezvous ? "\"" : "", rendezvous ? rendezvous : "NULL",
-                     rendezvous ? "\"" : "");
+    return eng_error(
+        CHORUS_ERR_INVALID_ARG, "chorus_comm_init: rendezvous must be \"host:port\", got %s%s%s",
+        rendezvous ? "\"" : "", rendezvous ? rendezvous : "NULL", rendezvous ? "\"" : "");
   if (!(c = comm_alloc(rank, size)))
     return eng_error(CHORUS_ERR_NO_MEMORY, "chorus_comm_init: out of memory");
   if (settings_load(&c->set, err, sizeof(err))) {
@@ -679,9 +677,9 @@ static comm_plan_slot_t *plan_lookup(chorus_comm_t *c, size_t count, chorus_dtyp
   return victim;
 }
 
-CHORUS_API chorus_result chorus_iallreduce(chorus_comm_t *comm, const void *sendbuf,
-                                           void *recvbuf, size_t count, chorus_dtype dtype,
-                                           chorus_op op, chorus_request_t **req) {
+CHORUS_API chorus_result chorus_iallreduce(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                           size_t count, chorus_dtype dtype, chorus_op op,
+                                           chorus_request_t **req) {
   chorus_result ret = CHORUS_SUCCESS;
 
   if (req)
@@ -692,8 +690,7 @@ CHORUS_API chorus_result chorus_iallreduce(chorus_comm_t *comm, const void *send
   if (!req)
     return comm_error(comm, CHORUS_ERR_INVALID_ARG, "allreduce: req is NULL");
   if ((unsigned)dtype >= CHORUS_DTYPE_COUNT)
-    return comm_error(comm, CHORUS_ERR_INVALID_DTYPE, "allreduce: unknown datatype %d",
-                      (int)dtype);
+    return comm_error(comm, CHORUS_ERR_INVALID_DTYPE, "allreduce: unknown datatype %d", (int)dtype);
   if ((unsigned)op >= CHORUS_OP_COUNT)
     return comm_error(comm, CHORUS_ERR_INVALID_OP, "allreduce: unknown reduction op %d", (int)op);
   size_t es = chorus_dtype_size(dtype);

@@ -23,7 +23,7 @@ struct event;
 typedef struct comm_plan_slot {
   plan_t *plan;
   size_t chunk_bytes;
-  unsigned refs;      /* requests using it (application thread only) */
+  unsigned refs; /* requests using it (application thread only) */
   uint64_t last_use;
 } comm_plan_slot_t;
 
@@ -38,24 +38,24 @@ struct chorus_request {
   uint16_t seq;
   atomic_int done;
   chorus_result result;
-  chorus_request_t *next_cmd;             /* command queue link */
+  chorus_request_t *next_cmd;              /* command queue link */
   chorus_request_t *prev_live, *next_live; /* comm's list of unreleased requests */
 };
 
 struct chorus_comm {
   int rank, size;
   chorus_settings_t set;
-  boot_t *boot;                /* NULL for an in-process job */
-  eng_local_job_t *local;      /* in-process job, or NULL */
+  boot_t *boot;           /* NULL for an in-process job */
+  eng_local_job_t *local; /* in-process job, or NULL */
   prov_t *prov;
-  exec_ctx_t ex;               /* progress thread only */
+  exec_ctx_t ex; /* progress thread only */
 
   /* progress thread */
   pthread_t thread;
   bool thread_started;
   struct event_base *base;
   struct event *ev_cmd, *ev_wait, *ev_timer;
-  int cmd_fd;                  /* eventfd: wakes the progress thread */
+  int cmd_fd; /* eventfd: wakes the progress thread */
   atomic_int cmd_pending;
   atomic_int sleeping;
   atomic_int stop;
@@ -71,7 +71,7 @@ struct chorus_comm {
   uint16_t seq;
   uint64_t uses;
   comm_plan_slot_t plans[COMM_PLAN_CACHE];
-  chorus_request_t *live;      /* requests not yet released */
+  chorus_request_t *live; /* requests not yet released */
 };
 
 /* Record a failure on comm (any thread); returns rc. */

@@ -33,17 +33,17 @@ struct exec {
   exec_ctx_t *ctx;
   const plan_t *plan;
   uint8_t *bufs[BUF_COUNT];
-  void *own_scratch;    /* scratch malloc'd for this run when the cached one is lent */
-  bool scratch_lent;    /* this run holds ctx->scratch */
+  void *own_scratch; /* scratch malloc'd for this run when the cached one is lent */
+  bool scratch_lent; /* this run holds ctx->scratch */
   uint16_t seq;
   exec_step_t *steps;
   /* ready queues (step indices; each step is queued at most once per kind) */
   uint32_t *q_local, *q_send, *q_recv;
   uint32_t ql_head, ql_tail, qs_head, qs_tail, qr_head, qr_tail;
   uint32_t ndone, nfailed;
-  uint32_t nposted;     /* ops currently held by the provider */
-  int status;           /* first error, 0 while fine */
-  bool canceling;       /* exec_cancel() ran after the first error */
+  uint32_t nposted; /* ops currently held by the provider */
+  int status;       /* first error, 0 while fine */
+  bool canceling;   /* exec_cancel() ran after the first error */
   exec_done_fn done;
   void *arg;
   exec_t *next;
@@ -65,9 +65,15 @@ static void notify_successors(exec_step_t *st) {
 static void enqueue_ready(exec_step_t *st) {
   exec_t *ex = st->ex;
   switch (ex->plan->steps[st->index].kind) {
-  case STEP_SEND: ex->q_send[ex->qs_tail++] = st->index; break;
-  case STEP_RECV: ex->q_recv[ex->qr_tail++] = st->index; break;
-  default: ex->q_local[ex->ql_tail++] = st->index; break;
+  case STEP_SEND:
+    ex->q_send[ex->qs_tail++] = st->index;
+    break;
+  case STEP_RECV:
+    ex->q_recv[ex->qr_tail++] = st->index;
+    break;
+  default:
+    ex->q_local[ex->ql_tail++] = st->index;
+    break;
   }
 }
 
@@ -102,7 +108,8 @@ static void a_run(fsm_inst_t *i, const fsm_event_t *ev) {
   case STEP_SCALE:
     reduce_scale_avg(ex->bufs[ps->dst.buf] + ps->dst.off, ps->bytes / es, p->dtype, p->nranks);
     break;
-  default: break;
+  default:
+    break;
   }
   ex->ndone++;
   notify_successors(st);
@@ -136,8 +143,7 @@ static const fsm_row_t step_rows[] = {
     {S_FAILED, E_DEP, NULL, NULL, S_FAILED},
 };
 
-static const char *const step_state_names[S_COUNT] = {"WAIT", "READY", "POSTED", "DONE",
-                                                      "FAILED"};
+static const char *const step_state_names[S_COUNT] = {"WAIT", "READY", "POSTED", "DONE", "FAILED"};
 static const char *const step_event_names[E_COUNT] = {"dep",      "posted", "run",
                                                       "complete", "error",  "cancel"};
 
@@ -351,8 +357,9 @@ size_t exec_drive(exec_ctx_t *ctx) {
       ex->canceling = true;
       exec_cancel(ctx, ex);
     }
-    bool finished = ex->nposted == 0 && (ex->ndone == ex->plan->nsteps ||
-                                         (ex->status && ex->ndone + ex->nfailed == ex->plan->nsteps));
+    bool finished =
+        ex->nposted == 0 && (ex->ndone == ex->plan->nsteps ||
+                             (ex->status && ex->ndone + ex->nfailed == ex->plan->nsteps));
     if (finished) {
       if (prev)
         prev->next = next;

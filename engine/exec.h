@@ -28,12 +28,12 @@ typedef struct exec_ctx {
   prov_t *prov;
   int rank;
   uint8_t comm_id;
-  size_t max_posted;     /* per direction */
+  size_t max_posted; /* per direction */
   size_t posted_sends, posted_recvs;
-  bool stalled;          /* the last drive met -EAGAIN: retry on a timer, not on the fd */
-  exec_t *active;        /* running plans, oldest first */
+  bool stalled;   /* the last drive met -EAGAIN: retry on a timer, not on the fd */
+  exec_t *active; /* running plans, oldest first */
   exec_t *active_tail;
-  void *scratch;         /* cached scratch buffer, lent to one plan at a time */
+  void *scratch; /* cached scratch buffer, lent to one plan at a time */
   size_t scratch_bytes;
   bool scratch_lent;
 } exec_ctx_t;

@@ -30,8 +30,8 @@ const char *plan_step_kind_str(int kind);
 const char *plan_buf_str(int buf);
 
 typedef struct plan_ref {
-  uint8_t buf;   /* enum plan_buf */
-  size_t off;    /* bytes */
+  uint8_t buf; /* enum plan_buf */
+  size_t off;  /* bytes */
 } plan_ref_t;
 
 typedef struct plan_step {
@@ -48,7 +48,7 @@ typedef struct plan_step {
 } plan_step_t;
 
 typedef struct plan {
-  const char *algo;    /* "ring", ... */
+  const char *algo; /* "ring", ... */
   int rank, nranks;
   size_t count;
   chorus_dtype dtype;
@@ -57,8 +57,8 @@ typedef struct plan {
   size_t scratch_bytes; /* scratch the plan needs */
   uint32_t nsteps;
   plan_step_t *steps;
-  uint32_t *succ;       /* successor lists, CSR */
-  uint32_t nmsgs;       /* msg numbers used are < nmsgs */
+  uint32_t *succ; /* successor lists, CSR */
+  uint32_t nmsgs; /* msg numbers used are < nmsgs */
 } plan_t;
 
 /* ---- building ---- */

@@ -241,7 +241,8 @@ typedef struct reduce_kernel {
 
 /* On x86-64 the two hot loops are also built for AVX2 and picked at load
  * time (the loops are memory bound; wider vectors still save issue slots). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
+    !defined(__SANITIZE_ADDRESS__)
 #define REDUCE_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define REDUCE_CLONES

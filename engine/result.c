@@ -15,26 +15,46 @@
 
 CHORUS_API const char *chorus_strerror(chorus_result rc) {
   switch (rc) {
-  case CHORUS_SUCCESS: return "success";
-  case CHORUS_ERR_INVALID_ARG: return "invalid argument";
-  case CHORUS_ERR_INVALID_DTYPE: return "invalid datatype";
-  case CHORUS_ERR_INVALID_OP: return "invalid reduction op";
-  case CHORUS_ERR_INVALID_COMM: return "invalid or destroyed communicator";
-  case CHORUS_ERR_COUNT_OVERFLOW: return "count overflows the address space";
-  case CHORUS_ERR_NO_MEMORY: return "out of memory";
-  case CHORUS_ERR_TRANSPORT: return "transport error";
-  case CHORUS_ERR_BOOTSTRAP: return "bootstrap (rendezvous) failed";
-  case CHORUS_ERR_AUTH: return "wrong job token";
-  case CHORUS_ERR_TIMEOUT: return "timed out";
-  case CHORUS_ERR_PEER_LOST: return "peer lost";
-  case CHORUS_ERR_MISMATCH: return "mismatched collective call across ranks";
-  case CHORUS_ERR_DIVERGED: return "ranks diverged";
-  case CHORUS_ERR_CORRUPT: return "data corrupted in transit";
-  case CHORUS_ERR_ABORTED: return "communicator aborted";
-  case CHORUS_ERR_INTERNAL: return "internal error";
-  case CHORUS_ERR_UNSUPPORTED: return "unsupported";
-  case CHORUS_ERR_INVALID_REQUEST: return "invalid or released request";
-  case CHORUS_ERR_ENV: return "launcher environment missing or malformed";
+  case CHORUS_SUCCESS:
+    return "success";
+  case CHORUS_ERR_INVALID_ARG:
+    return "invalid argument";
+  case CHORUS_ERR_INVALID_DTYPE:
+    return "invalid datatype";
+  case CHORUS_ERR_INVALID_OP:
+    return "invalid reduction op";
+  case CHORUS_ERR_INVALID_COMM:
+    return "invalid or destroyed communicator";
+  case CHORUS_ERR_COUNT_OVERFLOW:
+    return "count overflows the address space";
+  case CHORUS_ERR_NO_MEMORY:
+    return "out of memory";
+  case CHORUS_ERR_TRANSPORT:
+    return "transport error";
+  case CHORUS_ERR_BOOTSTRAP:
+    return "bootstrap (rendezvous) failed";
+  case CHORUS_ERR_AUTH:
+    return "wrong job token";
+  case CHORUS_ERR_TIMEOUT:
+    return "timed out";
+  case CHORUS_ERR_PEER_LOST:
+    return "peer lost";
+  case CHORUS_ERR_MISMATCH:
+    return "mismatched collective call across ranks";
+  case CHORUS_ERR_DIVERGED:
+    return "ranks diverged";
+  case CHORUS_ERR_CORRUPT:
+    return "data corrupted in transit";
+  case CHORUS_ERR_ABORTED:
+    return "communicator aborted";
+  case CHORUS_ERR_INTERNAL:
+    return "internal error";
+  case CHORUS_ERR_UNSUPPORTED:
+    return "unsupported";
+  case CHORUS_ERR_INVALID_REQUEST:
+    return "invalid or released request";
+  case CHORUS_ERR_ENV:
+    return "launcher environment missing or malformed";
   }
   return "unknown result code";
 }

@@ -39,8 +39,10 @@
 
 #define RING_SCRATCH_SLOTS 8
 
-/* Every dependency points to an earlier (step, chunk) position, in an order
- * that is the same on every rank, so no cycle can form across ranks. */
+/* Steps are built chunk-major (chunk c's reduce-scatter and allgather steps,
+ * then chunk c+1's). Every dependency, and every scratch slot's reuse, points
+ * to an earlier position in that order, which is the same on every rank and
+ * pairs each send with its receive, so no cycle can form across ranks. */
 
 static size_t seg_count(size_t count, int n, int k) {
   return count / (size_t)n + ((size_t)k < count % (size_t)n ? 1 : 0);
@@ -69,8 +71,8 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
 
   if (n == 1 || count == 0) {
     if (!inplace && count) {
-      plan_step_t cp = {.kind = STEP_COPY, .bytes = count * es, .dst = {BUF_RECV, 0},
-                        .src = {BUF_SEND, 0}};
+      plan_step_t cp = {
+          .kind = STEP_COPY, .bytes = count * es, .dst = {BUF_RECV, 0}, .src = {BUF_SEND, 0}};
       plan_add(&b, &cp);
     }
     return plan_build_end(&b, out);
@@ -100,13 +102,16 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
     b.err = -ENOMEM;
     goto out;
   }
-#define IDX(s, c) ((size_t)(s) * nch + (c))
+#define IDX(s, c) ((size_t)(s)*nch + (c))
 
   for (uint32_t i = 0; i < nslots; i++)
     slot_user[i] = UINT32_MAX;
-  for (int s = 0; s < n - 1; s++) {
-    int ks = mod(r - s, n), kr = mod(r - s - 1, n);
-    for (uint32_t c = 0; c < nch; c++) {
+  /* Chunk-major: all of chunk c (reduce-scatter, then allgather) before
+   * chunk c+1, so that scratch slots are taken, and dependencies point, only
+   * backwards in one order shared by every rank. */
+  for (uint32_t c = 0; c < nch; c++) {
+    for (int s = 0; s < n - 1; s++) {
+      int ks = mod(r - s, n), kr = mod(r - s - 1, n);
       size_t cs = (size_t)c * chunk_elems;
       size_t ns = seg_count(count, n, ks), nr = seg_count(count, n, kr);
       size_t ls = cs < ns ? (ns - cs < chunk_elems ? ns - cs : chunk_elems) : 0;
@@ -117,7 +122,10 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
       red[IDX(s, c)] = UINT32_MAX;
       if (ls) {
         size_t off = (seg_start(count, n, ks) + cs) * es;
-        plan_step_t st = {.kind = STEP_SEND, .peer = right, .msg = msg, .bytes = ls * es,
+        plan_step_t st = {.kind = STEP_SEND,
+                          .peer = right,
+                          .msg = msg,
+                          .bytes = ls * es,
                           .src = {s == 0 ? BUF_SEND : BUF_RECV, off}};
         uint32_t i = plan_add(&b, &st);
         if (s > 0)
@@ -128,23 +136,26 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
         size_t off = (seg_start(count, n, kr) + cs) * es;
         uint32_t slot = next_slot++ % nslots;
         size_t soff = (size_t)slot * slot_bytes;
-        plan_step_t rv = {.kind = STEP_RECV, .peer = left, .msg = msg, .bytes = lr * es,
+        plan_step_t rv = {.kind = STEP_RECV,
+                          .peer = left,
+                          .msg = msg,
+                          .bytes = lr * es,
                           .dst = {BUF_SCRATCH, soff}};
         uint32_t i = plan_add(&b, &rv);
         plan_dep(&b, slot_user[slot], i);
-        plan_step_t rd = {.kind = STEP_REDUCE, .bytes = lr * es, .dst = {BUF_RECV, off},
-                          .src = {BUF_SCRATCH, soff}, .src2 = {inplace ? BUF_RECV : BUF_SEND, off}};
+        plan_step_t rd = {.kind = STEP_REDUCE,
+                          .bytes = lr * es,
+                          .dst = {BUF_RECV, off},
+                          .src = {BUF_SCRATCH, soff},
+                          .src2 = {inplace ? BUF_RECV : BUF_SEND, off}};
         uint32_t j = plan_add(&b, &rd);
         plan_dep(&b, i, j);
         red[IDX(s, c)] = j;
         slot_user[slot] = j;
       }
     }
-  }
-
-  for (int s = 0; s < n - 1; s++) {
-    int ks = mod(r + 1 - s, n), kr = mod(r - s, n);
-    for (uint32_t c = 0; c < nch; c++) {
+    for (int s = 0; s < n - 1; s++) {
+      int ks = mod(r + 1 - s, n), kr = mod(r - s, n);
       size_t cs = (size_t)c * chunk_elems;
       size_t ns = seg_count(count, n, ks), nr = seg_count(count, n, kr);
       size_t ls = cs < ns ? (ns - cs < chunk_elems ? ns - cs : chunk_elems) : 0;
@@ -154,8 +165,8 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
       ag_recv[IDX(s, c)] = UINT32_MAX;
       if (ls) {
         size_t off = (seg_start(count, n, ks) + cs) * es;
-        plan_step_t st = {.kind = STEP_SEND, .peer = right, .msg = msg, .bytes = ls * es,
-                          .src = {BUF_RECV, off}};
+        plan_step_t st = {
+            .kind = STEP_SEND, .peer = right, .msg = msg, .bytes = ls * es, .src = {BUF_RECV, off}};
         uint32_t i = plan_add(&b, &st);
         if (s == 0) {
           uint32_t last = red[IDX(n - 2, c)];
@@ -172,8 +183,8 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
       }
       if (lr) {
         size_t off = (seg_start(count, n, kr) + cs) * es;
-        plan_step_t rv = {.kind = STEP_RECV, .peer = left, .msg = msg, .bytes = lr * es,
-                          .dst = {BUF_RECV, off}};
+        plan_step_t rv = {
+            .kind = STEP_RECV, .peer = left, .msg = msg, .bytes = lr * es, .dst = {BUF_RECV, off}};
         uint32_t i = plan_add(&b, &rv);
         plan_dep(&b, rs_send[IDX(s, c)], i);
         ag_recv[IDX(s, c)] = i;

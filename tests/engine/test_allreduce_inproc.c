@@ -36,8 +36,8 @@ static void *rank_main(void *p) {
           size_t n = counts[k], es = chorus_dtype_size((chorus_dtype)dt);
           char *in = malloc(n * es + 1), *out = malloc(n * es + 1);
           chk_fill(in, n, (chorus_dtype)dt, (chorus_op)op, a->rank);
-          chorus_result rc = chorus_allreduce(c, in, inplace ? in : out, n, (chorus_dtype)dt,
-                                              (chorus_op)op);
+          chorus_result rc =
+              chorus_allreduce(c, in, inplace ? in : out, n, (chorus_dtype)dt, (chorus_op)op);
           if (rc) {
             fprintf(stderr, "rank %d: %s: %s\n", a->rank, chorus_strerror(rc),
                     chorus_comm_last_error(c));

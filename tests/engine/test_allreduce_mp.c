@@ -86,21 +86,45 @@ static void run_matrix(const char *prov, int n) {
 
 TestSuite(allreduce_mp, .timeout = 300);
 
-Test(allreduce_mp, shm_1) { run_matrix("shm", 1); }
-Test(allreduce_mp, shm_2) { run_matrix("shm", 2); }
-Test(allreduce_mp, shm_3) { run_matrix("shm", 3); }
-Test(allreduce_mp, shm_4) { run_matrix("shm", 4); }
-Test(allreduce_mp, shm_8) { run_matrix("shm", 8); }
-Test(allreduce_mp, tcp_1) { run_matrix("tcp", 1); }
-Test(allreduce_mp, tcp_2) { run_matrix("tcp", 2); }
-Test(allreduce_mp, tcp_3) { run_matrix("tcp", 3); }
-Test(allreduce_mp, tcp_4) { run_matrix("tcp", 4); }
-Test(allreduce_mp, tcp_8) { run_matrix("tcp", 8); }
+Test(allreduce_mp, shm_1) {
+  run_matrix("shm", 1);
+}
+Test(allreduce_mp, shm_2) {
+  run_matrix("shm", 2);
+}
+Test(allreduce_mp, shm_3) {
+  run_matrix("shm", 3);
+}
+Test(allreduce_mp, shm_4) {
+  run_matrix("shm", 4);
+}
+Test(allreduce_mp, shm_8) {
+  run_matrix("shm", 8);
+}
+Test(allreduce_mp, tcp_1) {
+  run_matrix("tcp", 1);
+}
+Test(allreduce_mp, tcp_2) {
+  run_matrix("tcp", 2);
+}
+Test(allreduce_mp, tcp_3) {
+  run_matrix("tcp", 3);
+}
+Test(allreduce_mp, tcp_4) {
+  run_matrix("tcp", 4);
+}
+Test(allreduce_mp, tcp_8) {
+  run_matrix("tcp", 8);
+}
 /* udp (udp;ofi_rxd): no wait fd, so ranks sleep on a backing-off timer, and
  * it moves about 20 MB/s here (16 MiB at 4 ranks: 1.5 s a call), so its large
  * case is 1M elements rather than 16M. */
-Test(allreduce_mp, udp_2) { run_matrix_big("udp", 2, 1u << 20); }
+Test(allreduce_mp, udp_2) {
+  run_matrix_big("udp", 2, 1u << 20);
+}
 /* 4 ranks over udp;ofi_rxd pass, but stall now and then on a loaded 2-core
  * machine (about 1 run in 3 under ASan): run by hand with
  * --filter 'allreduce_mp/udp_4' until that is understood. */
-Test(allreduce_mp, udp_4, .disabled = 1) { run_matrix_big("udp", 4, 1u << 20); }
+Test(allreduce_mp, udp_4, .disabled = 1) {
+  run_matrix_big("udp", 4, 1u << 20);
+}

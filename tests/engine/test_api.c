@@ -34,9 +34,9 @@ static chorus_comm_t *solo(void) {
 #define EXPECT(call, code, needle, msgfn)                                                          \
   do {                                                                                             \
     chorus_result rc_ = (call);                                                                    \
-    cr_expect_eq(rc_, code, "%s returned %d (%s), want %d", #call, rc_, chorus_strerror(rc_),     \
+    cr_expect_eq(rc_, code, "%s returned %d (%s), want %d", #call, rc_, chorus_strerror(rc_),      \
                  code);                                                                            \
-    cr_expect(strstr(msgfn, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", #call, msgfn,    \
+    cr_expect(strstr(msgfn, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", #call, msgfn,      \
               needle);                                                                             \
   } while (0)
 
@@ -60,9 +60,10 @@ Test(api, init_arguments) {
 }
 
 Test(api, init_from_env_missing) {
-  static const char *vars[] = {"CHORUS_RANK", "CHORUS_WORLD_SIZE", "CHORUS_RENDEZVOUS", "RANK",
-                               "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
-                               "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"};
+  static const char *vars[] = {"CHORUS_RANK",  "CHORUS_WORLD_SIZE",    "CHORUS_RENDEZVOUS",
+                               "RANK",         "WORLD_SIZE",           "MASTER_ADDR",
+                               "MASTER_PORT",  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                               "SLURM_PROCID", "SLURM_NTASKS"};
   for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
     unsetenv(vars[i]);
   chorus_comm_t *c;
@@ -106,14 +107,12 @@ Test(api, collective_arguments) {
 
   /* requests */
   EXPECT(chorus_wait(NULL), CHORUS_ERR_INVALID_REQUEST, "not a live request", chorus_last_error());
-  cr_assert_eq(chorus_iallreduce(c, buf, out, 4, CHORUS_FLOAT32, CHORUS_SUM, &req),
-               CHORUS_SUCCESS);
+  cr_assert_eq(chorus_iallreduce(c, buf, out, 4, CHORUS_FLOAT32, CHORUS_SUM, &req), CHORUS_SUCCESS);
   chorus_request_t *copy = req;
   cr_expect_eq(chorus_wait(&req), CHORUS_SUCCESS);
   cr_expect_null(req);
   cr_expect(out[0] == 1 && out[3] == 4);
-  EXPECT(chorus_wait(&copy), CHORUS_ERR_INVALID_REQUEST, "not a live request",
-         chorus_last_error());
+  EXPECT(chorus_wait(&copy), CHORUS_ERR_INVALID_REQUEST, "not a live request", chorus_last_error());
   int done = 0;
   EXPECT(chorus_test(&copy, &done), CHORUS_ERR_INVALID_REQUEST, "not a live request",
          chorus_last_error());
@@ -127,8 +126,7 @@ Test(api, collective_arguments) {
   /* use after destroy: recognised, never dereferenced */
   EXPECT(chorus_allreduce(c, buf, out, 4, CHORUS_FLOAT32, CHORUS_SUM), CHORUS_ERR_INVALID_COMM,
          "not a live communicator", chorus_last_error());
-  EXPECT(chorus_comm_destroy(c), CHORUS_ERR_INVALID_COMM, "already destroyed",
-         chorus_last_error());
+  EXPECT(chorus_comm_destroy(c), CHORUS_ERR_INVALID_COMM, "already destroyed", chorus_last_error());
   EXPECT(chorus_comm_rank(c, &v), CHORUS_ERR_INVALID_COMM, "not a live", chorus_last_error());
   EXPECT(chorus_comm_destroy(NULL), CHORUS_ERR_INVALID_COMM, "not a live", chorus_last_error());
   cr_expect_str_eq(chorus_comm_last_error(c), "invalid or destroyed communicator");
@@ -229,5 +227,9 @@ static void cycles(const char *prov) {
   cr_expect_eq(mp_count_dev_shm_of(r.pids, 2), 0, "%s: the ranks left files in /dev/shm", prov);
 }
 
-Test(api, create_destroy_500_shm, .timeout = 500) { cycles("shm"); }
-Test(api, create_destroy_500_tcp, .timeout = 500) { cycles("tcp"); }
+Test(api, create_destroy_500_shm, .timeout = 500) {
+  cycles("shm");
+}
+Test(api, create_destroy_500_tcp, .timeout = 500) {
+  cycles("tcp");
+}
