@@ -35,6 +35,7 @@
  *    thread and frees everything.
  */
 #include "bootstrap.h"
+#include "eng.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -119,18 +120,6 @@ static struct timeval to_tv(double s) {
   return tv;
 }
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-
-  if (!err || !errlen)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 
 /* "host:port" or "[v6]:port" -> host (brackets removed) and port. */
 static int split_hostport(const char *s, char *host, size_t hlen, char *port, size_t plen) {
@@ -1061,7 +1050,7 @@ static int srv_start(const boot_config_t *cfg, const char *port, double deadline
 
   pthread_once(&evthread_once, evthread_init);
   if (evthread_rc) {
-    set_err(err, errlen, "bootstrap: libevent has no pthread support");
+    eng_errf(err, errlen, "bootstrap: libevent has no pthread support");
     return CHORUS_ERR_INTERNAL;
   }
   srv = calloc(1, sizeof(*srv));
@@ -1096,7 +1085,7 @@ static int srv_start(const boot_config_t *cfg, const char *port, double deadline
 
   fd = srv_listen_fd(port, deadline);
   if (fd < 0) {
-    set_err(err, errlen, "rank 0 cannot listen on port %s for the rendezvous %s: %s%s", port,
+    eng_errf(err, errlen, "rank 0 cannot listen on port %s for the rendezvous %s: %s%s", port,
             cfg->rendezvous, strerror(-fd),
             fd == -EADDRINUSE ? " (is another job using this port?)" : "");
     rc = CHORUS_ERR_BOOTSTRAP;
@@ -1117,7 +1106,7 @@ static int srv_start(const boot_config_t *cfg, const char *port, double deadline
   rc = pthread_create(&srv->thread, NULL, srv_main, srv);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc) {
-    set_err(err, errlen, "bootstrap: cannot start the rendezvous thread: %s", strerror(rc));
+    eng_errf(err, errlen, "bootstrap: cannot start the rendezvous thread: %s", strerror(rc));
     rc = CHORUS_ERR_INTERNAL;
     goto out_free_srv_rc;
   }
@@ -1125,13 +1114,13 @@ static int srv_start(const boot_config_t *cfg, const char *port, double deadline
   return 0;
 
 out_free_srv:
-  set_err(err, errlen, "bootstrap: out of memory starting the rendezvous server");
+  eng_errf(err, errlen, "bootstrap: out of memory starting the rendezvous server");
   rc = CHORUS_ERR_NO_MEMORY;
 out_free_srv_rc:
   srv_free(srv);
   return rc;
 out_nomem:
-  set_err(err, errlen, "bootstrap: out of memory starting the rendezvous server");
+  eng_errf(err, errlen, "bootstrap: out of memory starting the rendezvous server");
   return CHORUS_ERR_NO_MEMORY;
 }
 
@@ -1264,7 +1253,7 @@ static int client_fail(boot_t *b, int code, char *err, size_t errlen, const char
   vsnprintf(b->failmsg, sizeof(b->failmsg), fmt, ap);
   va_end(ap);
   b->failed = code;
-  set_err(err, errlen, "%s", b->failmsg);
+  eng_errf(err, errlen, "%s", b->failmsg);
   return code;
 }
 
@@ -1473,33 +1462,33 @@ int boot_open(const boot_config_t *cfg, boot_t **out, char *err, size_t errlen) 
   if (out)
     *out = NULL;
   if (!cfg || !out || !cfg->rendezvous) {
-    set_err(err, errlen, "boot_open: NULL %s", !cfg ? "config" : !out ? "out" : "rendezvous");
+    eng_errf(err, errlen, "boot_open: NULL %s", !cfg ? "config" : !out ? "out" : "rendezvous");
     return CHORUS_ERR_INVALID_ARG;
   }
   if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size) {
-    set_err(err, errlen, "boot_open: rank %d out of range for a job of %d ranks", cfg->rank,
+    eng_errf(err, errlen, "boot_open: rank %d out of range for a job of %d ranks", cfg->rank,
             cfg->size);
     return CHORUS_ERR_INVALID_ARG;
   }
   if (split_hostport(cfg->rendezvous, host, sizeof(host), port, sizeof(port))) {
-    set_err(err, errlen, "boot_open: rendezvous '%s' is not host:port (port 1-65535)",
+    eng_errf(err, errlen, "boot_open: rendezvous '%s' is not host:port (port 1-65535)",
             cfg->rendezvous);
     return CHORUS_ERR_INVALID_ARG;
   }
   if (!(cfg->timeout_s > 0) || !isfinite(cfg->timeout_s)) {
-    set_err(err, errlen, "boot_open: timeout %g s is not positive", cfg->timeout_s);
+    eng_errf(err, errlen, "boot_open: timeout %g s is not positive", cfg->timeout_s);
     return CHORUS_ERR_INVALID_ARG;
   }
   token = cfg->token ? cfg->token : "";
   if (strlen(token) > BOOT_MAX_TOKEN) {
-    set_err(err, errlen, "boot_open: job token longer than %d bytes", BOOT_MAX_TOKEN);
+    eng_errf(err, errlen, "boot_open: job token longer than %d bytes", BOOT_MAX_TOKEN);
     return CHORUS_ERR_INVALID_ARG;
   }
   deadline = start + cfg->timeout_s;
 
   b = calloc(1, sizeof(*b));
   if (!b) {
-    set_err(err, errlen, "boot_open: out of memory");
+    eng_errf(err, errlen, "boot_open: out of memory");
     return CHORUS_ERR_NO_MEMORY;
   }
   b->rank = cfg->rank;
@@ -1589,17 +1578,17 @@ int boot_allgather(boot_t *b, const void *mine, size_t len, void ***out_ptrs, si
   int rc;
 
   if (!b || (!mine && len) || !out_ptrs || !out_lens) {
-    set_err(err, errlen, "boot_allgather: NULL argument");
+    eng_errf(err, errlen, "boot_allgather: NULL argument");
     return CHORUS_ERR_INVALID_ARG;
   }
   *out_ptrs = NULL;
   *out_lens = NULL;
   if (b->failed) {
-    set_err(err, errlen, "%s", b->failmsg);
+    eng_errf(err, errlen, "%s", b->failmsg);
     return b->failed;
   }
   if (len > BOOT_MAX_FRAME - 64) {
-    set_err(err, errlen, "boot_allgather: %zu bytes is over the %u-byte bootstrap limit", len,
+    eng_errf(err, errlen, "boot_allgather: %zu bytes is over the %u-byte bootstrap limit", len,
             BOOT_MAX_FRAME - 64);
     return CHORUS_ERR_INVALID_ARG;
   }

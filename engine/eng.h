@@ -25,6 +25,9 @@ void eng_log(int level, int rank, const char *sub, const char *fmt, ...)
 chorus_result eng_error(chorus_result rc, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Write a formatted reason into err (err may be NULL or errlen 0). */
+void eng_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* Live-handle registry: a destroyed communicator or a released request is
  * recognised as such without dereferencing it. */
 enum eng_handle_kind { ENG_HANDLE_COMM = 1, ENG_HANDLE_REQUEST = 2 };

@@ -98,6 +98,16 @@ chorus_result eng_error(chorus_result rc, const char *fmt, ...) {
   return rc;
 }
 
+void eng_errf(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+
+  if (!err || !errlen)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
 void eng_log(int level, int rank, const char *sub, const char *fmt, ...) {
   static const char *const lv[] = {"error", "warn", "info", "debug"};
   char line[1024];

@@ -18,6 +18,7 @@
  * same order. The rendezvous address is CHORUS_RENDEZVOUS, else
  * MASTER_ADDR:MASTER_PORT; Slurm and Open MPI provide neither.
  */
+#include "eng.h"
 #include "settings.h"
 
 #include <ctype.h>
@@ -135,18 +136,6 @@ static const char *env_get(const char *name) {
   return v && *v ? v : NULL;
 }
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-
-  if (!err || !errlen)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 
 /* A value quoted in a message: printable and not too long. */
 static const char *quote(const char *v, char *buf, size_t len) {
@@ -313,7 +302,7 @@ static int setting_apply(const struct setting *st, const char *v, chorus_setting
   case SET_STRING:
   case SET_SECRET:
     if (strlen(v) >= st->size) {
-      set_err(err, errlen, "%s is too long (%zu characters, at most %zu)", st->name, strlen(v),
+      eng_errf(err, errlen, "%s is too long (%zu characters, at most %zu)", st->name, strlen(v),
               st->size - 1);
       return -1;
     }
@@ -355,10 +344,10 @@ static int setting_apply(const struct setting *st, const char *v, chorus_setting
   return 0;
 
 bad:
-  set_err(err, errlen, "%s='%s' is not valid (%s)", st->name, quote(v, q, sizeof(q)), expected(st));
+  eng_errf(err, errlen, "%s='%s' is not valid (%s)", st->name, quote(v, q, sizeof(q)), expected(st));
   return -1;
 range:
-  set_err(err, errlen, "%s='%s' is out of range (accepted: %g to %g)", st->name,
+  eng_errf(err, errlen, "%s='%s' is out of range (accepted: %g to %g)", st->name,
           quote(v, q, sizeof(q)), st->min, st->max);
   return -1;
 }
@@ -368,7 +357,7 @@ int settings_load(chorus_settings_t *s, char *err, size_t errlen) {
   size_t i;
 
   if (!s) {
-    set_err(err, errlen, "settings_load: NULL settings");
+    eng_errf(err, errlen, "settings_load: NULL settings");
     return -1;
   }
   memset(&tmp, 0, sizeof(tmp));
@@ -405,17 +394,17 @@ static int launch_int(const char *name, long min, long *out, char *err, size_t e
     return 0;
   rc = parse_u64(v, &u, NULL);
   if (rc == -ERANGE && *skip_space(v) == '-') {
-    set_err(err, errlen, "%s='%s' is negative (expected a whole number >= %ld)", name,
+    eng_errf(err, errlen, "%s='%s' is negative (expected a whole number >= %ld)", name,
             quote(v, q, sizeof(q)), min);
     return -1;
   }
   if (rc) {
-    set_err(err, errlen, "%s='%s' is not a number (expected a whole number >= %ld)", name,
+    eng_errf(err, errlen, "%s='%s' is not a number (expected a whole number >= %ld)", name,
             quote(v, q, sizeof(q)), min);
     return -1;
   }
   if (u > INT32_MAX || (long)u < min) {
-    set_err(err, errlen, "%s='%s' is out of range (expected a whole number >= %ld and < 2^31)",
+    eng_errf(err, errlen, "%s='%s' is out of range (expected a whole number >= %ld and < 2^31)",
             name, quote(v, q, sizeof(q)), min);
     return -1;
   }
@@ -440,17 +429,17 @@ static int check_hostport(const char *name, const char *v, char *err, size_t err
   long port;
 
   if (!colon || colon == v) {
-    set_err(err, errlen, "%s='%s' is not host:port (e.g. %s=node001:29500)", name,
+    eng_errf(err, errlen, "%s='%s' is not host:port (e.g. %s=node001:29500)", name,
             quote(v, q, sizeof(q)), name);
     return -1;
   }
   if (v[0] == '[' ? colon[-1] != ']' || colon - v < 3 : memchr(v, ':', colon - v) != NULL) {
-    set_err(err, errlen, "%s='%s' is not host:port (write IPv6 addresses as [addr]:port)", name,
+    eng_errf(err, errlen, "%s='%s' is not host:port (write IPv6 addresses as [addr]:port)", name,
             quote(v, q, sizeof(q)));
     return -1;
   }
   if (parse_port(colon + 1, &port)) {
-    set_err(err, errlen, "%s='%s': port '%s' is out of range (expected 1-65535)", name,
+    eng_errf(err, errlen, "%s='%s': port '%s' is out of range (expected 1-65535)", name,
             quote(v, q, sizeof(q)), colon + 1);
     return -1;
   }
@@ -474,7 +463,7 @@ static int launch_rendezvous(chorus_launch_env_t *e, const struct launcher *l, c
   }
   if (addr && port) {
     if (parse_port(port, &p)) {
-      set_err(err, errlen, "MASTER_PORT='%s' is not a port (expected a number in 1-65535)",
+      eng_errf(err, errlen, "MASTER_PORT='%s' is not a port (expected a number in 1-65535)",
               quote(port, q, sizeof(q)));
       return -1;
     }
@@ -485,26 +474,26 @@ static int launch_rendezvous(chorus_launch_env_t *e, const struct launcher *l, c
     goto check_len;
   }
   if (addr || port) {
-    set_err(err, errlen,
+    eng_errf(err, errlen,
             "%s is set but %s is not: set both MASTER_ADDR and MASTER_PORT, or "
             "CHORUS_RENDEZVOUS=host:port",
             addr ? "MASTER_ADDR" : "MASTER_PORT", addr ? "MASTER_PORT" : "MASTER_ADDR");
     return -1;
   }
   if (!strcmp(l->source, "slurm"))
-    set_err(err, errlen,
+    eng_errf(err, errlen,
             "rank and size come from Slurm (SLURM_PROCID, SLURM_NTASKS) but no rendezvous "
             "address is set: export CHORUS_RENDEZVOUS=<host of rank 0>:<free port>, e.g. "
             "CHORUS_RENDEZVOUS=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1):29500 "
             "(or set MASTER_ADDR and MASTER_PORT)");
   else if (!strcmp(l->source, "openmpi"))
-    set_err(err, errlen,
+    eng_errf(err, errlen,
             "rank and size come from Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE) but no "
             "rendezvous address is set: pass CHORUS_RENDEZVOUS=<host of rank 0>:<free port> to "
             "every rank, e.g. mpirun -x CHORUS_RENDEZVOUS=node001:29500 ... (or set MASTER_ADDR "
             "and MASTER_PORT)");
   else
-    set_err(err, errlen,
+    eng_errf(err, errlen,
             "rank and size come from %s (%s, %s) but no rendezvous address is set: set "
             "CHORUS_RENDEZVOUS=<host of rank 0>:<free port> (or MASTER_ADDR and MASTER_PORT)",
             l->title, l->rank, l->size);
@@ -512,7 +501,7 @@ static int launch_rendezvous(chorus_launch_env_t *e, const struct launcher *l, c
 
 check_len:
   if (n < 0 || (size_t)n >= sizeof(e->rendezvous)) {
-    set_err(err, errlen, "the rendezvous address is too long (%d characters, at most %zu)", n,
+    eng_errf(err, errlen, "the rendezvous address is too long (%d characters, at most %zu)", n,
             sizeof(e->rendezvous) - 1);
     return -1;
   }
@@ -548,7 +537,7 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
   int rc;
 
   if (!e) {
-    set_err(err, errlen, "settings_launch_env: NULL environment");
+    eng_errf(err, errlen, "settings_launch_env: NULL environment");
     return -1;
   }
   memset(e, 0, sizeof(*e));
@@ -559,7 +548,7 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
       l = &launchers[i];
   }
   if (!l) {
-    set_err(err, errlen,
+    eng_errf(err, errlen,
             "no launcher environment found: set CHORUS_RANK, CHORUS_WORLD_SIZE and "
             "CHORUS_RENDEZVOUS=host:port, or launch with torchrun (RANK, WORLD_SIZE, "
             "MASTER_ADDR, MASTER_PORT), Open MPI mpirun (OMPI_COMM_WORLD_RANK, "
@@ -571,18 +560,18 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
   if (rc < 0)
     return -1;
   if (rc == 0) {
-    set_err(err, errlen, "%s is set but %s is not (%s sets both)", l->size, l->rank, l->title);
+    eng_errf(err, errlen, "%s is set but %s is not (%s sets both)", l->size, l->rank, l->title);
     return -1;
   }
   rc = launch_int(l->size, 1, &size, err, errlen);
   if (rc < 0)
     return -1;
   if (rc == 0) {
-    set_err(err, errlen, "%s is set but %s is not (%s sets both)", l->rank, l->size, l->title);
+    eng_errf(err, errlen, "%s is set but %s is not (%s sets both)", l->rank, l->size, l->title);
     return -1;
   }
   if (rank >= size) {
-    set_err(err, errlen, "%s=%ld is out of range: %s=%ld (the rank must be below the size)",
+    eng_errf(err, errlen, "%s=%ld is out of range: %s=%ld (the rank must be below the size)",
             l->rank, rank, l->size, size);
     return -1;
   }
@@ -591,16 +580,16 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
       launch_local(1, 1, &lsize, &ls_name, err, errlen) < 0)
     return -1;
   if (lsize > size) {
-    set_err(err, errlen, "%s=%ld is larger than the job: %s=%ld", ls_name, lsize, l->size, size);
+    eng_errf(err, errlen, "%s=%ld is larger than the job: %s=%ld", ls_name, lsize, l->size, size);
     return -1;
   }
   if (lrank >= 0 && lsize > 0 && lrank >= lsize) {
-    set_err(err, errlen, "%s=%ld is out of range: %s=%ld (the local rank must be below it)",
+    eng_errf(err, errlen, "%s=%ld is out of range: %s=%ld (the local rank must be below it)",
             lr_name, lrank, ls_name, lsize);
     return -1;
   }
   if (lrank >= size) {
-    set_err(err, errlen, "%s=%ld is out of range: %s=%ld", lr_name, lrank, l->size, size);
+    eng_errf(err, errlen, "%s=%ld is out of range: %s=%ld", lr_name, lrank, l->size, size);
     return -1;
   }
 

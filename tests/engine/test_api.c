@@ -4,6 +4,7 @@
  * with no growth in memory, fds or /dev/shm entries.
  */
 #include <criterion/criterion.h>
+#include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,7 @@
 #ifdef __SANITIZE_ADDRESS__
 #define RSS_GROWTH_LIMIT_KIB (1L << 30)
 #else
-#define RSS_GROWTH_LIMIT_KIB 4096L
+#define RSS_GROWTH_LIMIT_KIB 1024L
 #endif
 
 static chorus_comm_t *solo(void) {
@@ -173,9 +174,16 @@ Test(api, wrong_token) {
 
 /* ---- create/destroy cycles ---- */
 #define CYCLES 500
+/* RSS after handing freed heap back (tcp's buffer pools swing the malloc
+ * arenas by tens of MiB, which is not growth). */
+static long settled_rss(void) {
+  malloc_trim(0);
+  return mp_rss_kib();
+}
+
 static int cycle_rank(int rank, int size, const char *addr, void *arg) {
   int fds_base = 0;
-  long rss_base = 0;
+  long rss_at[3] = {0, 0, 0}; /* after cycles 50, 275 and 500 */
   float x[64];
 
   for (int i = 0; i < CYCLES; i++) {
@@ -199,20 +207,25 @@ static int cycle_rank(int rank, int size, const char *addr, void *arg) {
     }
     if (i == 49) {
       fds_base = mp_count_fds();
-      rss_base = mp_rss_kib();
+      rss_at[0] = settled_rss();
+    } else if (i == 274) {
+      rss_at[1] = settled_rss();
     }
   }
+  rss_at[2] = settled_rss();
   int fds = mp_count_fds();
-  long rss = mp_rss_kib();
-  printf("rank %d: after %d cycles: fds %d (at 50: %d), rss %ld KiB (at 50: %ld KiB)\n", rank,
-         CYCLES, fds, fds_base, rss, rss_base);
+  printf("rank %d: after %d cycles: fds %d (at 50: %d), rss KiB at 50/275/500: %ld/%ld/%ld\n", rank,
+         CYCLES, fds, fds_base, rss_at[0], rss_at[1], rss_at[2]);
   if (fds != fds_base) {
     fprintf(stderr, "rank %d: fd count grew from %d to %d\n", rank, fds_base, fds);
     return 1;
   }
-  if (rss - rss_base > RSS_GROWTH_LIMIT_KIB) {
-    fprintf(stderr, "rank %d: RSS grew by %ld KiB over %d cycles\n", rank, rss - rss_base,
-            CYCLES - 50);
+  /* A leak grows in both halves; a pool that libfabric maps once (seen: a
+   * single 17 MiB step with tcp) shows in one half only. */
+  long first = rss_at[1] - rss_at[0], second = rss_at[2] - rss_at[1];
+  if (first > RSS_GROWTH_LIMIT_KIB && second > RSS_GROWTH_LIMIT_KIB) {
+    fprintf(stderr, "rank %d: RSS grew by %ld then %ld KiB over two runs of 225 cycles\n", rank,
+            first, second);
     return 1;
   }
   return 0;
