@@ -182,8 +182,13 @@ static long settled_rss(void) {
 }
 
 static int cycle_rank(int rank, int size, const char *addr, void *arg) {
+  /* glibc gives each new thread (a progress thread per communicator) an
+   * arena of its own, up to 8 per core, and memory freed there (tcp's 17 MiB
+   * buffer pools) stays with that arena: RSS would climb by a pool per arena
+   * before it levels off. One arena keeps RSS a measure of growth. */
+  mallopt(M_ARENA_MAX, 1);
   int fds_base = 0;
-  long rss_at[3] = {0, 0, 0}; /* after cycles 50, 275 and 500 */
+  long floor[2] = {-1, -1}; /* lowest RSS over cycles 50..274 and 275..499 */
   float x[64];
 
   for (int i = 0; i < CYCLES; i++) {
@@ -205,44 +210,48 @@ static int cycle_rank(int rank, int size, const char *addr, void *arg) {
       fprintf(stderr, "rank %d cycle %d: destroy: %s\n", rank, i, chorus_last_error());
       return 1;
     }
-    if (i == 49) {
+    if (i == 49)
       fds_base = mp_count_fds();
-      rss_at[0] = settled_rss();
-    } else if (i == 274) {
-      rss_at[1] = settled_rss();
+    if (i >= 49) {
+      long rss = settled_rss();
+      int half = i < 274 ? 0 : 1;
+      if (floor[half] < 0 || rss < floor[half])
+        floor[half] = rss;
     }
   }
-  rss_at[2] = settled_rss();
   int fds = mp_count_fds();
-  printf("rank %d: after %d cycles: fds %d (at 50: %d), rss KiB at 50/275/500: %ld/%ld/%ld\n", rank,
-         CYCLES, fds, fds_base, rss_at[0], rss_at[1], rss_at[2]);
+  printf("rank %d: after %d cycles: fds %d (at 50: %d), lowest RSS KiB over cycles 50-274: %ld, "
+         "275-500: %ld\n",
+         rank, CYCLES, fds, fds_base, floor[0], floor[1]);
   if (fds != fds_base) {
     fprintf(stderr, "rank %d: fd count grew from %d to %d\n", rank, fds_base, fds);
     return 1;
   }
-  /* A leak grows in both halves; a pool that libfabric maps once (seen: a
-   * single 17 MiB step with tcp) shows in one half only. */
-  long first = rss_at[1] - rss_at[0], second = rss_at[2] - rss_at[1];
-  if (first > RSS_GROWTH_LIMIT_KIB && second > RSS_GROWTH_LIMIT_KIB) {
-    fprintf(stderr, "rank %d: RSS grew by %ld then %ld KiB over two runs of 225 cycles\n", rank,
-            first, second);
+  /* A leak raises the floor; tcp's 17 MiB buffer pools come and go between
+   * cycles (seen: 23 -> 40 -> 23 MiB), which moves peaks, not the floor,
+   * except that one such pool may stay for good from any cycle on: the tcp
+   * run allows that one step (`arg`). Exact leaks are LeakSanitizer's job. */
+  long limit = RSS_GROWTH_LIMIT_KIB + *(const long *)arg;
+  if (floor[1] - floor[0] > limit) {
+    fprintf(stderr, "rank %d: lowest RSS rose by %ld KiB from cycles 50-274 to 275-500\n", rank,
+            floor[1] - floor[0]);
     return 1;
   }
   return 0;
 }
 
-static void cycles(const char *prov) {
+static void cycles(const char *prov, long step_kib) {
   char env[64];
   snprintf(env, sizeof(env), "CHORUS_PROVIDER=%s", prov);
   const char *envs[] = {env, NULL};
-  mp_result_t r = mp_run(2, cycle_rank, NULL, 400, envs);
+  mp_result_t r = mp_run(2, cycle_rank, &step_kib, 400, envs);
   cr_assert_eq(r.failed, 0, "%s: %d rank(s) failed", prov, r.failed);
   cr_expect_eq(mp_count_dev_shm_of(r.pids, 2), 0, "%s: the ranks left files in /dev/shm", prov);
 }
 
 Test(api, create_destroy_500_shm, .timeout = 500) {
-  cycles("shm");
+  cycles("shm", 0);
 }
 Test(api, create_destroy_500_tcp, .timeout = 500) {
-  cycles("tcp");
+  cycles("tcp", 24L * 1024);
 }
