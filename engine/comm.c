@@ -21,6 +21,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "algos/algos.h"
 #include "comm.h"
 #include "endpoint.pb-c.h"
 #include "eng.h"
@@ -664,7 +665,15 @@ static comm_plan_slot_t *plan_lookup(chorus_comm_t *c, size_t count, chorus_dtyp
     return NULL;
   }
   plan_t *p;
-  int rc = algo_ring_allreduce(c->rank, c->size, count, dtype, op, inplace, chunk, &p);
+  algo_args_t args = {.coll = COLL_ALLREDUCE,
+                      .rank = c->rank,
+                      .nranks = c->size,
+                      .count = count,
+                      .dtype = dtype,
+                      .op = op,
+                      .inplace = inplace,
+                      .chunk_bytes = chunk};
+  int rc = algo_ring_allreduce(&args, &p);
   if (rc) {
     *ret = comm_error(c, CHORUS_ERR_NO_MEMORY, "out of memory compiling allreduce of %zu", count);
     return NULL;

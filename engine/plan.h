@@ -82,10 +82,4 @@ void plan_dep(plan_builder_t *b, uint32_t from, uint32_t to);
 int plan_build_end(plan_builder_t *b, plan_t **out);
 void plan_free(plan_t *p);
 
-/* ---- algorithms ---- */
-/* Ring allreduce: reduce-scatter then allgather, each segment cut into chunks
- * of at most chunk_bytes that flow through the ring independently. */
-int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, chorus_op op,
-                        bool inplace, size_t chunk_bytes, plan_t **out);
-
 #endif

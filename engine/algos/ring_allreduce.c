@@ -35,7 +35,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "../plan.h"
+#include "algos.h"
 
 #define RING_SCRATCH_SLOTS 8
 
@@ -44,24 +44,15 @@
  * to an earlier position in that order, which is the same on every rank and
  * pairs each send with its receive, so no cycle can form across ranks. */
 
-static size_t seg_count(size_t count, int n, int k) {
-  return count / (size_t)n + ((size_t)k < count % (size_t)n ? 1 : 0);
-}
-
-static size_t seg_start(size_t count, int n, int k) {
-  size_t base = count / (size_t)n, extra = count % (size_t)n;
-  return (size_t)k * base + ((size_t)k < extra ? (size_t)k : extra);
-}
-
-static int mod(int a, int n) {
-  return ((a % n) + n) % n;
-}
-
-int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, chorus_op op,
-                        bool inplace, size_t chunk_bytes, plan_t **out) {
+int algo_ring_allreduce(const algo_args_t *a, plan_t **out) {
+  const int rank = a->rank, nranks = a->nranks;
+  const size_t count = a->count, chunk_bytes = a->chunk_bytes;
+  const chorus_dtype dtype = a->dtype;
+  const chorus_op op = a->op;
+  const bool inplace = a->inplace;
   const size_t es = chorus_dtype_size(dtype);
   const int n = nranks, r = rank;
-  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  const int right = algo_mod(r + 1, n), left = algo_mod(r - 1, n);
   plan_builder_t b;
   int rc;
 
@@ -79,7 +70,7 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
   }
 
   size_t chunk_elems = chunk_bytes / es ? chunk_bytes / es : 1;
-  size_t max_seg = seg_count(count, n, 0);
+  size_t max_seg = algo_seg_count(count, n, 0);
   uint32_t nch = (uint32_t)((max_seg + chunk_elems - 1) / chunk_elems);
   if (nch == 0)
     nch = 1;
@@ -111,9 +102,9 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
    * backwards in one order shared by every rank. */
   for (uint32_t c = 0; c < nch; c++) {
     for (int s = 0; s < n - 1; s++) {
-      int ks = mod(r - s, n), kr = mod(r - s - 1, n);
+      int ks = algo_mod(r - s, n), kr = algo_mod(r - s - 1, n);
       size_t cs = (size_t)c * chunk_elems;
-      size_t ns = seg_count(count, n, ks), nr = seg_count(count, n, kr);
+      size_t ns = algo_seg_count(count, n, ks), nr = algo_seg_count(count, n, kr);
       size_t ls = cs < ns ? (ns - cs < chunk_elems ? ns - cs : chunk_elems) : 0;
       size_t lr = cs < nr ? (nr - cs < chunk_elems ? nr - cs : chunk_elems) : 0;
       uint32_t msg = (uint32_t)s * nch + c;
@@ -121,7 +112,7 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
       rs_send[IDX(s, c)] = UINT32_MAX;
       red[IDX(s, c)] = UINT32_MAX;
       if (ls) {
-        size_t off = (seg_start(count, n, ks) + cs) * es;
+        size_t off = (algo_seg_start(count, n, ks) + cs) * es;
         plan_step_t st = {.kind = STEP_SEND,
                           .peer = right,
                           .msg = msg,
@@ -133,7 +124,7 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
         rs_send[IDX(s, c)] = i;
       }
       if (lr) {
-        size_t off = (seg_start(count, n, kr) + cs) * es;
+        size_t off = (algo_seg_start(count, n, kr) + cs) * es;
         uint32_t slot = next_slot++ % nslots;
         size_t soff = (size_t)slot * slot_bytes;
         plan_step_t rv = {.kind = STEP_RECV,
@@ -155,16 +146,16 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
       }
     }
     for (int s = 0; s < n - 1; s++) {
-      int ks = mod(r + 1 - s, n), kr = mod(r - s, n);
+      int ks = algo_mod(r + 1 - s, n), kr = algo_mod(r - s, n);
       size_t cs = (size_t)c * chunk_elems;
-      size_t ns = seg_count(count, n, ks), nr = seg_count(count, n, kr);
+      size_t ns = algo_seg_count(count, n, ks), nr = algo_seg_count(count, n, kr);
       size_t ls = cs < ns ? (ns - cs < chunk_elems ? ns - cs : chunk_elems) : 0;
       size_t lr = cs < nr ? (nr - cs < chunk_elems ? nr - cs : chunk_elems) : 0;
       uint32_t msg = (uint32_t)(n - 1 + s) * nch + c;
 
       ag_recv[IDX(s, c)] = UINT32_MAX;
       if (ls) {
-        size_t off = (seg_start(count, n, ks) + cs) * es;
+        size_t off = (algo_seg_start(count, n, ks) + cs) * es;
         plan_step_t st = {
             .kind = STEP_SEND, .peer = right, .msg = msg, .bytes = ls * es, .src = {BUF_RECV, off}};
         uint32_t i = plan_add(&b, &st);
@@ -182,7 +173,7 @@ int algo_ring_allreduce(int rank, int nranks, size_t count, chorus_dtype dtype, 
         }
       }
       if (lr) {
-        size_t off = (seg_start(count, n, kr) + cs) * es;
+        size_t off = (algo_seg_start(count, n, kr) + cs) * es;
         plan_step_t rv = {
             .kind = STEP_RECV, .peer = left, .msg = msg, .bytes = lr * es, .dst = {BUF_RECV, off}};
         uint32_t i = plan_add(&b, &rv);

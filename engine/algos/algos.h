@@ -1,0 +1,108 @@
+/*
+ * algos.h - collective algorithms: pure functions from a collective's shape
+ * (rank, nranks, count, chunking, topology) to this rank's plan (plan.h).
+ *
+ * One file per algorithm under engine/algos/. An algorithm calls no
+ * transport and keeps no state, so the same builder serves the engine, the
+ * in-process simulator (sim.h) and chorus-plan. Every algorithm must give
+ * bitwise-identical results on all ranks: each element is reduced in one
+ * order, by one rank, and then copied.
+ *
+ * Buffer conventions (counts in elements, as NCCL):
+ *   ALLREDUCE       send[count]            -> recv[count]
+ *   BCAST           root: send[count]      -> recv[count] on every rank
+ *   REDUCE          send[count]            -> root: recv[count]
+ *   ALLGATHER       send[count]            -> recv[nranks*count] (block r from rank r)
+ *   REDUCE_SCATTER  send[nranks*count]     -> recv[count] (block r of the reduction)
+ *   ALLTOALL        send[nranks*count]     -> recv[nranks*count] (send block p goes to
+ *                                             rank p, arrives as its block r)
+ *   GATHER          send[count]            -> root: recv[nranks*count]
+ *   SCATTER         root: send[nranks*count] -> recv[count]
+ *   BARRIER         nothing
+ *   SEND / RECV     send[count] to peer `root` / recv[count] from peer `root`
+ * In place (args.inplace): ALLREDUCE/BCAST/REDUCE send == recv; ALLGATHER
+ * send == recv + rank*count; REDUCE_SCATTER recv == send + rank*count;
+ * GATHER (root) send == recv + root*count; SCATTER (root) recv == send +
+ * root*count. Plans for in-place calls must not COPY a range onto itself.
+ *
+ * Message numbers (plan.h) are 24 bits; an algorithm fails with -E2BIG
+ * rather than wrap.
+ */
+#ifndef CHORUS_ALGOS_H
+#define CHORUS_ALGOS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../plan.h"
+
+typedef enum coll_kind {
+  COLL_ALLREDUCE,
+  COLL_BCAST,
+  COLL_REDUCE,
+  COLL_ALLGATHER,
+  COLL_REDUCE_SCATTER,
+  COLL_ALLTOALL,
+  COLL_GATHER,
+  COLL_SCATTER,
+  COLL_BARRIER,
+  COLL_SEND,
+  COLL_RECV,
+  COLL_KIND_COUNT
+} coll_kind;
+
+const char *coll_kind_str(int coll);   /* "allreduce", "bcast", ... */
+int coll_kind_parse(const char *name); /* or -1 */
+
+/* Which host each rank is on. Hosts are numbered 0..nhosts-1 in order of
+ * their lowest rank; ranks of one host need not be contiguous. NULL topology
+ * (or nhosts == 1) means one host. */
+typedef struct topo {
+  int nranks;
+  int nhosts;
+  const int *host_of; /* [nranks] */
+} topo_t;
+
+typedef struct algo_args {
+  coll_kind coll;
+  int rank, nranks;
+  int root;     /* BCAST/REDUCE/GATHER/SCATTER root; SEND/RECV peer */
+  size_t count; /* elements, as in the table above */
+  chorus_dtype dtype;
+  chorus_op op; /* reducing collectives only */
+  bool inplace;
+  size_t chunk_bytes; /* pipelining unit (> 0) */
+  const topo_t *topo; /* may be NULL */
+} algo_args_t;
+
+typedef int (*algo_build_fn)(const algo_args_t *a, plan_t **out);
+
+enum {
+  ALGO_HIERARCHICAL = 1u << 0, /* uses topo; needs nhosts > 1 to differ from flat */
+};
+
+typedef struct algo_desc {
+  const char *name; /* "ring", "tree", "rd", "rhd", "dbtree", "chain", "bruck", ... */
+  coll_kind coll;
+  algo_build_fn build;
+  unsigned flags;
+} algo_desc_t;
+
+/* Every algorithm, NULL-terminated by name. */
+extern const algo_desc_t algo_table[];
+/* The entry for (coll, name), or NULL. */
+const algo_desc_t *algo_find(coll_kind coll, const char *name);
+
+/* ---- helpers shared by algorithm files (algos.c) ---- */
+/* Segment k of `count` elements cut into n nearly equal parts (the first
+ * count % n parts one longer). */
+size_t algo_seg_count(size_t count, int n, int k);
+size_t algo_seg_start(size_t count, int n, int k);
+static inline int algo_mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
+
+/* ---- the algorithms ---- */
+int algo_ring_allreduce(const algo_args_t *a, plan_t **out);
+
+#endif
