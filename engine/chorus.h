@@ -141,6 +141,122 @@ CHORUS_API chorus_result chorus_iallreduce(chorus_comm_t *comm, const void *send
                                            chorus_request_t **req);
 
 /*
+ * ---- The other collectives ----
+ * Counts are in elements of `dtype`, as in NCCL. Every rank passes the same
+ * count, dtype, op and root; ranks that pass different ones fail with
+ * CHORUS_ERR_MISMATCH where that can be detected. Results are bitwise
+ * identical on every rank. Each blocking call has a nonblocking twin
+ * (chorus_i...) that returns a request for chorus_test/chorus_wait.
+ *
+ *   bcast           root's sendbuf[count] -> recvbuf[count] on every rank
+ *                   (sendbuf is read on the root only; sendbuf == recvbuf on
+ *                   the root is in place)
+ *   reduce          sendbuf[count] -> recvbuf[count] on the root (recvbuf is
+ *                   ignored elsewhere and may be NULL there)
+ *   allgather       sendbuf[count] -> recvbuf[nranks*count], block r from
+ *                   rank r; in place when sendbuf == recvbuf + rank*count
+ *   reduce_scatter  sendbuf[nranks*count] -> recvbuf[count], block `rank` of
+ *                   the reduction; in place when recvbuf == sendbuf + rank*count
+ *   alltoall        sendbuf[nranks*count] -> recvbuf[nranks*count]: block p of
+ *                   the send buffer goes to rank p and arrives in its block
+ *                   `rank` (no in-place form)
+ *   gather          sendbuf[count] -> recvbuf[nranks*count] on the root
+ *   scatter         root's sendbuf[nranks*count] -> recvbuf[count]
+ *   barrier         returns once every rank entered it
+ *   send / recv     point to point, matched in call order per (peer, comm)
+ */
+CHORUS_API chorus_result chorus_bcast(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, chorus_dtype dtype, int root);
+CHORUS_API chorus_result chorus_ibcast(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, chorus_dtype dtype, int root,
+                                       chorus_request_t **req);
+CHORUS_API chorus_result chorus_reduce(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, chorus_dtype dtype, chorus_op op, int root);
+CHORUS_API chorus_result chorus_ireduce(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                        size_t count, chorus_dtype dtype, chorus_op op, int root,
+                                        chorus_request_t **req);
+CHORUS_API chorus_result chorus_allgather(chorus_comm_t *comm, const void *sendbuf,
+                                          void *recvbuf, size_t count, chorus_dtype dtype);
+CHORUS_API chorus_result chorus_iallgather(chorus_comm_t *comm, const void *sendbuf,
+                                           void *recvbuf, size_t count, chorus_dtype dtype,
+                                           chorus_request_t **req);
+CHORUS_API chorus_result chorus_reduce_scatter(chorus_comm_t *comm, const void *sendbuf,
+                                               void *recvbuf, size_t count, chorus_dtype dtype,
+                                               chorus_op op);
+CHORUS_API chorus_result chorus_ireduce_scatter(chorus_comm_t *comm, const void *sendbuf,
+                                                void *recvbuf, size_t count, chorus_dtype dtype,
+                                                chorus_op op, chorus_request_t **req);
+CHORUS_API chorus_result chorus_alltoall(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                         size_t count, chorus_dtype dtype);
+CHORUS_API chorus_result chorus_ialltoall(chorus_comm_t *comm, const void *sendbuf,
+                                          void *recvbuf, size_t count, chorus_dtype dtype,
+                                          chorus_request_t **req);
+CHORUS_API chorus_result chorus_gather(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, chorus_dtype dtype, int root);
+CHORUS_API chorus_result chorus_igather(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                        size_t count, chorus_dtype dtype, int root,
+                                        chorus_request_t **req);
+CHORUS_API chorus_result chorus_scatter(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                        size_t count, chorus_dtype dtype, int root);
+CHORUS_API chorus_result chorus_iscatter(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                         size_t count, chorus_dtype dtype, int root,
+                                         chorus_request_t **req);
+CHORUS_API chorus_result chorus_barrier(chorus_comm_t *comm);
+CHORUS_API chorus_result chorus_ibarrier(chorus_comm_t *comm, chorus_request_t **req);
+CHORUS_API chorus_result chorus_send(chorus_comm_t *comm, const void *buf, size_t count,
+                                     chorus_dtype dtype, int peer);
+CHORUS_API chorus_result chorus_isend(chorus_comm_t *comm, const void *buf, size_t count,
+                                      chorus_dtype dtype, int peer, chorus_request_t **req);
+CHORUS_API chorus_result chorus_recv(chorus_comm_t *comm, void *buf, size_t count,
+                                     chorus_dtype dtype, int peer);
+CHORUS_API chorus_result chorus_irecv(chorus_comm_t *comm, void *buf, size_t count,
+                                      chorus_dtype dtype, int peer, chorus_request_t **req);
+
+/*
+ * Fused allreduce of nbufs buffers (gradient bucketing, as DDP does): one
+ * schedule reduces them all, in place when sendbufs[i] == recvbufs[i].
+ * Every rank passes the same counts in the same order.
+ */
+CHORUS_API chorus_result chorus_allreduce_multi(chorus_comm_t *comm, const void *const *sendbufs,
+                                                void *const *recvbufs, const size_t *counts,
+                                                int nbufs, chorus_dtype dtype, chorus_op op);
+CHORUS_API chorus_result chorus_iallreduce_multi(chorus_comm_t *comm,
+                                                 const void *const *sendbufs,
+                                                 void *const *recvbufs, const size_t *counts,
+                                                 int nbufs, chorus_dtype dtype, chorus_op op,
+                                                 chorus_request_t **req);
+
+/*
+ * Grouped calls (per thread, may nest): between chorus_group_start() and the
+ * matching chorus_group_end(), collective and point-to-point calls on any
+ * communicator are queued, not started; blocking calls return at once. The
+ * outermost chorus_group_end() starts them all together (so a send and a
+ * receive between two ranks cannot deadlock) and waits for all of them; it
+ * returns the first failure. Requests from nonblocking calls inside a group
+ * stay valid and complete as usual.
+ */
+CHORUS_API chorus_result chorus_group_start(void);
+CHORUS_API chorus_result chorus_group_end(void);
+
+/*
+ * Split a communicator (collective over `comm`): ranks passing the same
+ * color form a new communicator, ordered by key, then by rank in `comm`.
+ * color CHORUS_SPLIT_NONE (negative) joins none: *newcomm is set to NULL.
+ */
+#define CHORUS_SPLIT_NONE (-1)
+CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int key,
+                                           chorus_comm_t **newcomm);
+
+/*
+ * Memory that peers on the same host can map: allreduce and the other
+ * collectives over buffers from chorus_mem_alloc skip one copy on shm
+ * (peers read the data in place instead of through the kernel). Any buffer
+ * works with every call; these are only faster. Freed with chorus_mem_free.
+ */
+CHORUS_API chorus_result chorus_mem_alloc(void **ptr, size_t bytes);
+CHORUS_API chorus_result chorus_mem_free(void *ptr);
+
+/*
  * Test a request: *done is set to 1 when it finished (the request is then
  * released and *req set to NULL; the return value is the operation's
  * result), else 0 and CHORUS_SUCCESS.
