@@ -86,6 +86,25 @@ static const struct setting settings_table[] = {
      FIELD(journal), 0, 1},
     {"CHORUS_JOURNAL_RECORDS", SET_COUNT, "65536", "records kept in the transition journal ring",
      FIELD(journal_records), 1, 268435456},
+    {"CHORUS_ALGO", SET_STRING, "",
+     "algorithm overrides, e.g. allreduce=ring;bcast=tree or allreduce=rd:0-64K,ring:64K- "
+     "(collective=algo[:min-max],...;...); empty = chosen by the cost model",
+     FIELD(algo), 0, 0},
+    {"CHORUS_BUFFSIZE", SET_SIZE, "4M",
+     "staging (scratch) bytes a communicator may keep per collective; K, M, G suffixes",
+     FIELD(buffsize), 4096, 1099511627776.0},
+    {"CHORUS_VERIFY", SET_BOOL, "1",
+     "check each compiled schedule before its first run (every send has one matching receive, "
+     "no dependency cycle across ranks)",
+     FIELD(verify), 0, 1},
+    {"CHORUS_DETERMINISTIC", SET_BOOL, "0",
+     "reduce every element in one fixed order set by (nranks, count), whatever the algorithm "
+     "and timing (restricts the algorithms reductions may use)",
+     FIELD(deterministic), 0, 1},
+    {"CHORUS_TOPO", SET_STRING, "",
+     "emulate hosts on one machine, e.g. hosts=4x2 (4 hosts of 2 ranks; traffic between them "
+     "goes over the network provider); empty = the real hosts",
+     FIELD(topo), 0, 0},
 
     {"CHORUS_RANK", SET_LAUNCH, NULL, "this process's rank (chorus-run or by hand)", LAUNCH},
     {"CHORUS_WORLD_SIZE", SET_LAUNCH, NULL, "number of ranks in the job", LAUNCH},

@@ -25,6 +25,11 @@ typedef struct chorus_settings {
   bool progress_thread;     /* CHORUS_PROGRESS_THREAD */
   bool journal;             /* CHORUS_JOURNAL: fsm transition journal on */
   size_t journal_records;   /* CHORUS_JOURNAL_RECORDS */
+  char algo[512];           /* CHORUS_ALGO: overrides, "" = automatic (select.c parses) */
+  size_t buffsize;          /* CHORUS_BUFFSIZE: scratch per communicator for staging */
+  bool verify;              /* CHORUS_VERIFY: check compiled schedules */
+  bool deterministic;       /* CHORUS_DETERMINISTIC: reduction order fixed by (nranks, count) */
+  char topo[256];           /* CHORUS_TOPO: "" = real hosts, "hosts=HxR" emulates (topo.c) */
 } chorus_settings_t;
 
 /* Read and validate the whole table from the environment.
