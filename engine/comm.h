@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "algos/algos.h"
 #include "bootstrap.h"
 #include "chorus.h"
 #include "exec.h"
@@ -49,6 +50,7 @@ struct chorus_comm {
   eng_local_job_t *local; /* in-process job, or NULL */
   prov_t *prov;
   exec_ctx_t ex; /* progress thread only */
+  topo_t *topo;  /* hosts of the ranks (topo.c); NULL until known = one host */
 
   /* progress thread */
   pthread_t thread;
