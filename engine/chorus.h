@@ -124,6 +124,9 @@ CHORUS_API const char *chorus_comm_provider(const chorus_comm_t *comm);
  * per communicator, overwritten by the next failure). Never NULL.
  */
 CHORUS_API const char *chorus_comm_last_error(const chorus_comm_t *comm);
+/* Name of the algorithm the last collective call on comm runs ("ring",
+ * "tree", ...; "" before any), for logs and benchmarks. Never NULL. */
+CHORUS_API const char *chorus_comm_last_algorithm(const chorus_comm_t *comm);
 /* Detail of the last failure that had no communicator (init, bad handle),
  * per thread. Never NULL. */
 CHORUS_API const char *chorus_last_error(void);

@@ -25,8 +25,9 @@
  * GATHER (root) send == recv + root*count; SCATTER (root) recv == send +
  * root*count. Plans for in-place calls must not COPY a range onto itself.
  *
- * Message numbers (plan.h) are 24 bits; an algorithm fails with -E2BIG
- * rather than wrap.
+ * Message numbers (plan.h) must stay below ALGO_MAX_MSGS (2^23; the top bit
+ * of the 24-bit tag field marks point-to-point traffic); an algorithm fails
+ * with -E2BIG rather than wrap.
  */
 #ifndef CHORUS_ALGOS_H
 #define CHORUS_ALGOS_H
@@ -35,6 +36,8 @@
 #include <stddef.h>
 
 #include "../plan.h"
+
+#define ALGO_MAX_MSGS (1u << 23)
 
 typedef enum coll_kind {
   COLL_ALLREDUCE,
