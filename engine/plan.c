@@ -121,3 +121,72 @@ void plan_free(plan_t *p) {
   free(p->succ);
   free(p);
 }
+
+int plan_step_refs(const plan_step_t *s, plan_ref_t refs[3]) {
+  switch (s->kind) {
+  case STEP_SEND:
+    refs[0] = s->src;
+    return 1;
+  case STEP_RECV:
+  case STEP_SCALE:
+    refs[0] = s->dst;
+    return 1;
+  case STEP_COPY:
+    refs[0] = s->dst;
+    refs[1] = s->src;
+    return 2;
+  case STEP_REDUCE:
+    refs[0] = s->dst;
+    refs[1] = s->src;
+    refs[2] = s->src2;
+    return 3;
+  default:
+    return 0;
+  }
+}
+
+size_t plan_extent(const plan_t *p, uint32_t buf) {
+  size_t ext = 0;
+  plan_ref_t refs[3];
+
+  for (uint32_t i = 0; i < p->nsteps; i++) {
+    int n = plan_step_refs(&p->steps[i], refs);
+    for (int k = 0; k < n; k++)
+      if (refs[k].buf == buf && p->steps[i].bytes && refs[k].off + p->steps[i].bytes > ext)
+        ext = refs[k].off + p->steps[i].bytes;
+  }
+  return ext;
+}
+
+static plan_ref_t remap(plan_ref_t r, const plan_ref_t map[BUF_COUNT]) {
+  plan_ref_t m = map[r.buf < BUF_COUNT ? r.buf : 0];
+  return (plan_ref_t){.buf = m.buf, .off = m.off + r.off};
+}
+
+uint32_t plan_append(plan_builder_t *b, const plan_t *sub, const plan_ref_t map[BUF_COUNT],
+                     uint32_t msg_off) {
+  uint32_t base = b->plan ? b->plan->nsteps : 0;
+
+  if (b->err)
+    return UINT32_MAX;
+  for (uint32_t i = 0; i < sub->nsteps; i++) {
+    const plan_step_t *s = &sub->steps[i];
+    if (s->kind >= STEP_KIND_COUNT || s->src.buf >= BUF_COUNT || s->dst.buf >= BUF_COUNT ||
+        s->src2.buf >= BUF_COUNT) {
+      b->err = -EINVAL;
+      return UINT32_MAX;
+    }
+    plan_step_t t = *s;
+    t.src = remap(s->src, map);
+    t.src2 = remap(s->src2, map);
+    t.dst = remap(s->dst, map);
+    if (s->kind == STEP_SEND || s->kind == STEP_RECV)
+      t.msg = s->msg + msg_off;
+    if (plan_add(b, &t) == UINT32_MAX)
+      return UINT32_MAX;
+  }
+  for (uint32_t i = 0; i < sub->nsteps; i++)
+    for (uint32_t k = 0; k < sub->steps[i].nsucc; k++)
+      plan_dep(b, base + i, base + sub->succ[sub->steps[i].succ_off + k]);
+  return b->err ? UINT32_MAX : base;
+}

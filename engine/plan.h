@@ -30,8 +30,8 @@ const char *plan_step_kind_str(int kind);
 const char *plan_buf_str(int buf);
 
 typedef struct plan_ref {
-  uint8_t buf; /* enum plan_buf */
-  size_t off;  /* bytes */
+  uint32_t buf; /* enum plan_buf, or BUF_COUNT + i: extra buffer i of the run (plan->nxbufs) */
+  size_t off;   /* bytes */
 } plan_ref_t;
 
 typedef struct plan_step {
@@ -57,8 +57,9 @@ typedef struct plan {
   size_t scratch_bytes; /* scratch the plan needs */
   uint32_t nsteps;
   plan_step_t *steps;
-  uint32_t *succ; /* successor lists, CSR */
-  uint32_t nmsgs; /* msg numbers used are < nmsgs */
+  uint32_t *succ;  /* successor lists, CSR */
+  uint32_t nmsgs;  /* msg numbers used are < nmsgs */
+  uint32_t nxbufs; /* extra buffers the run supplies (composed plans; 0 for algorithms) */
 } plan_t;
 
 /* ---- building ---- */
@@ -81,5 +82,23 @@ void plan_dep(plan_builder_t *b, uint32_t from, uint32_t to);
 /* Finish: builds the successor lists. Returns 0 with *out set, or -ENOMEM. */
 int plan_build_end(plan_builder_t *b, plan_t **out);
 void plan_free(plan_t *p);
+
+/* ---- inspecting and composing ---- */
+/* The buffer references step `s` reads or writes (SEND: src; RECV: dst;
+ * REDUCE: dst, src, src2; COPY: dst, src; SCALE: dst), the one it writes
+ * first. Returns how many (0..3) were stored in refs. */
+int plan_step_refs(const plan_step_t *s, plan_ref_t refs[3]);
+/* Bytes of buffer `buf` the plan reaches: max over its references of
+ * off + bytes (0 when it never names the buffer). */
+size_t plan_extent(const plan_t *p, uint32_t buf);
+/* Appends every step of `sub` to b with its dependencies, each reference r
+ * rewritten to {map[r.buf].buf, map[r.buf].off + r.off} (sub's references
+ * must name BUF_SEND, BUF_RECV or BUF_SCRATCH) and every message number
+ * offset by msg_off. sub's steps land contiguously: returns the index of the
+ * first, or UINT32_MAX after a failure (remembered: plan_build_end fails).
+ * Scratch size, nxbufs and the dependencies between the appended steps and
+ * the others are the caller's. */
+uint32_t plan_append(plan_builder_t *b, const plan_t *sub, const plan_ref_t map[BUF_COUNT],
+                     uint32_t msg_off);
 
 #endif

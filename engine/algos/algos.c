@@ -1,6 +1,8 @@
 /*
  * algos.c - the algorithm table and helpers shared by algorithm files.
  */
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "algos.h"
@@ -26,6 +28,32 @@ int coll_kind_parse(const char *name) {
  * fallback when selection has nothing better. */
 const algo_desc_t algo_table[] = {
     {"ring", COLL_ALLREDUCE, algo_ring_allreduce, 0},
+    {"rd", COLL_ALLREDUCE, algo_rd_allreduce, 0},
+    {"rhd", COLL_ALLREDUCE, algo_rhd_allreduce, 0},
+    {"dbtree", COLL_ALLREDUCE, algo_dbtree_allreduce, 0},
+    {"hier", COLL_ALLREDUCE, algo_hier_allreduce, ALGO_HIERARCHICAL},
+    {"tree", COLL_BCAST, algo_tree_bcast, 0},
+    {"chain", COLL_BCAST, algo_chain_bcast, 0},
+    {"ring", COLL_BCAST, algo_ring_bcast, 0},
+    {"hier", COLL_BCAST, algo_hier_bcast, ALGO_HIERARCHICAL},
+    {"tree", COLL_REDUCE, algo_tree_reduce, 0},
+    {"chain", COLL_REDUCE, algo_chain_reduce, 0},
+    {"ring", COLL_REDUCE, algo_ring_reduce, 0},
+    {"ring", COLL_ALLGATHER, algo_ring_allgather, 0},
+    {"bruck", COLL_ALLGATHER, algo_bruck_allgather, 0},
+    {"rd", COLL_ALLGATHER, algo_rd_allgather, 0},
+    {"hier", COLL_ALLGATHER, algo_hier_allgather, ALGO_HIERARCHICAL},
+    {"ring", COLL_REDUCE_SCATTER, algo_ring_reduce_scatter, 0},
+    {"rhd", COLL_REDUCE_SCATTER, algo_rhd_reduce_scatter, 0},
+    {"pairwise", COLL_ALLTOALL, algo_pairwise_alltoall, 0},
+    {"bruck", COLL_ALLTOALL, algo_bruck_alltoall, 0},
+    {"tree", COLL_GATHER, algo_tree_gather, 0},
+    {"linear", COLL_GATHER, algo_linear_gather, 0},
+    {"tree", COLL_SCATTER, algo_tree_scatter, 0},
+    {"linear", COLL_SCATTER, algo_linear_scatter, 0},
+    {"dissemination", COLL_BARRIER, algo_dissemination_barrier, 0},
+    {"p2p", COLL_SEND, algo_p2p, 0},
+    {"p2p", COLL_RECV, algo_p2p, 0},
     {NULL, 0, NULL, 0},
 };
 
@@ -43,4 +71,60 @@ size_t algo_seg_count(size_t count, int n, int k) {
 size_t algo_seg_start(size_t count, int n, int k) {
   size_t base = count / (size_t)n, extra = count % (size_t)n;
   return (size_t)k * base + ((size_t)k < extra ? (size_t)k : extra);
+}
+
+int algo_track_init(algo_track_t *t, size_t bytes, size_t cell) {
+  memset(t, 0, sizeof(*t));
+  t->cell = cell;
+  t->ncells = algo_npieces(bytes, cell);
+  if (!t->ncells)
+    return 0;
+  t->w = calloc(t->ncells, sizeof(*t->w));
+  t->n = calloc(t->ncells, sizeof(*t->n));
+  t->cap = calloc(t->ncells, sizeof(*t->cap));
+  if (!t->w || !t->n || !t->cap) {
+    algo_track_free(t);
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+void algo_track_free(algo_track_t *t) {
+  if (t->w)
+    for (size_t i = 0; i < t->ncells; i++)
+      free(t->w[i]);
+  free(t->w);
+  free(t->n);
+  free(t->cap);
+  memset(t, 0, sizeof(*t));
+}
+
+void algo_track_deps(const algo_track_t *t, plan_builder_t *b, size_t off, size_t bytes,
+                     uint32_t to) {
+  if (!bytes || to == UINT32_MAX)
+    return;
+  for (size_t c = off / t->cell; c <= (off + bytes - 1) / t->cell && c < t->ncells; c++)
+    for (uint32_t i = 0; i < t->n[c]; i++)
+      plan_dep(b, t->w[c][i], to);
+}
+
+void algo_track_write(algo_track_t *t, plan_builder_t *b, size_t off, size_t bytes, uint32_t step) {
+  if (!bytes || step == UINT32_MAX)
+    return;
+  for (size_t c = off / t->cell; c <= (off + bytes - 1) / t->cell && c < t->ncells; c++) {
+    size_t lo = c * t->cell, hi = lo + t->cell;
+    if (off <= lo && off + bytes >= hi)
+      t->n[c] = 0;
+    if (t->n[c] == t->cap[c]) {
+      uint32_t ncap = t->cap[c] ? t->cap[c] * 2 : 2;
+      uint32_t *w = realloc(t->w[c], ncap * sizeof(*w));
+      if (!w) {
+        b->err = -ENOMEM;
+        return;
+      }
+      t->w[c] = w;
+      t->cap[c] = ncap;
+    }
+    t->w[c][t->n[c]++] = step;
+  }
 }

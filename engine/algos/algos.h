@@ -104,8 +104,67 @@ size_t algo_seg_start(size_t count, int n, int k);
 static inline int algo_mod(int a, int n) {
   return ((a % n) + n) % n;
 }
+/* The pipelining unit in bytes: chunk_bytes rounded down to whole elements
+ * of `es` bytes, at least one element. */
+static inline size_t algo_chunk_unit(size_t chunk_bytes, size_t es) {
+  return chunk_bytes / es ? chunk_bytes / es * es : es;
+}
+/* Pieces of `unit` bytes needed for `bytes` (0 for 0 bytes). */
+static inline size_t algo_npieces(size_t bytes, size_t unit) {
+  return bytes / unit + (bytes % unit ? 1 : 0);
+}
+#define ALGO_MSG_LIMIT ALGO_MAX_MSGS /* see the top of this file */
+
+/* Which steps wrote a buffer, cell by cell, so that a later step can wait
+ * for exactly the writers of the bytes it touches (or of their cell: a
+ * conservative superset, safe because every recorded writer was added to
+ * the plan earlier). A writer must itself wait for the earlier writers of
+ * its bytes; one that covers a whole cell replaces that cell's list. */
+typedef struct algo_track {
+  size_t cell; /* bytes per cell */
+  size_t ncells;
+  uint32_t **w;  /* per cell: writer steps, oldest first */
+  uint32_t *n;   /* per cell: how many */
+  uint32_t *cap; /* per cell: room */
+} algo_track_t;
+
+/* Tracks `bytes` bytes in cells of `cell` bytes (> 0). 0 or -ENOMEM. */
+int algo_track_init(algo_track_t *t, size_t bytes, size_t cell);
+void algo_track_free(algo_track_t *t);
+/* `to` waits for the writers of every cell [off, off+bytes) touches. */
+void algo_track_deps(const algo_track_t *t, plan_builder_t *b, size_t off, size_t bytes,
+                     uint32_t to);
+/* Records `step` as a writer of [off, off+bytes); UINT32_MAX is ignored.
+ * An allocation failure is left in b->err. */
+void algo_track_write(algo_track_t *t, plan_builder_t *b, size_t off, size_t bytes, uint32_t step);
 
 /* ---- the algorithms ---- */
 int algo_ring_allreduce(const algo_args_t *a, plan_t **out);
+int algo_rd_allreduce(const algo_args_t *a, plan_t **out);
+int algo_rhd_allreduce(const algo_args_t *a, plan_t **out);
+int algo_dbtree_allreduce(const algo_args_t *a, plan_t **out);
+int algo_hier_allreduce(const algo_args_t *a, plan_t **out);
+int algo_tree_bcast(const algo_args_t *a, plan_t **out);
+int algo_chain_bcast(const algo_args_t *a, plan_t **out);
+int algo_ring_bcast(const algo_args_t *a, plan_t **out);
+int algo_hier_bcast(const algo_args_t *a, plan_t **out);
+int algo_tree_reduce(const algo_args_t *a, plan_t **out);
+int algo_chain_reduce(const algo_args_t *a, plan_t **out);
+int algo_ring_reduce(const algo_args_t *a, plan_t **out);
+int algo_hier_allgather(const algo_args_t *a, plan_t **out);
+int algo_ring_allgather(const algo_args_t *a, plan_t **out);
+int algo_bruck_allgather(const algo_args_t *a, plan_t **out);
+int algo_rd_allgather(const algo_args_t *a, plan_t **out);
+int algo_ring_reduce_scatter(const algo_args_t *a, plan_t **out);
+int algo_rhd_reduce_scatter(const algo_args_t *a, plan_t **out);
+int algo_pairwise_alltoall(const algo_args_t *a, plan_t **out);
+int algo_bruck_alltoall(const algo_args_t *a, plan_t **out);
+int algo_tree_gather(const algo_args_t *a, plan_t **out);
+int algo_linear_gather(const algo_args_t *a, plan_t **out);
+int algo_tree_scatter(const algo_args_t *a, plan_t **out);
+int algo_linear_scatter(const algo_args_t *a, plan_t **out);
+int algo_dissemination_barrier(const algo_args_t *a, plan_t **out);
+/* COLL_SEND and COLL_RECV: a->root is the peer */
+int algo_p2p(const algo_args_t *a, plan_t **out);
 
 #endif

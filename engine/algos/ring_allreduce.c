@@ -74,11 +74,16 @@ int algo_ring_allreduce(const algo_args_t *a, plan_t **out) {
   uint32_t nch = (uint32_t)((max_seg + chunk_elems - 1) / chunk_elems);
   if (nch == 0)
     nch = 1;
+  if ((uint64_t)2 * (uint64_t)(n - 1) * nch >= ALGO_MAX_MSGS) {
+    b.err = -E2BIG;
+    return plan_build_end(&b, out);
+  }
   /* Scratch is a small ring of chunk-sized slots, reused in turn, so that a
    * chunk is still in cache when it is reduced and the footprint does not
    * grow with the message. */
   const uint32_t nslots = RING_SCRATCH_SLOTS;
-  size_t slot_bytes = (chunk_elems < max_seg ? chunk_elems : max_seg) * es;
+  /* slots on 64-byte boundaries: see scratch_alloc in exec.c */
+  size_t slot_bytes = ((chunk_elems < max_seg ? chunk_elems : max_seg) * es + 63) & ~(size_t)63;
   b.plan->scratch_bytes = nslots * slot_bytes;
   uint32_t next_slot = 0;
 
