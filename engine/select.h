@@ -11,7 +11,12 @@
  * choice is never magic. CHORUS_ALGO ("allreduce=ring;bcast=tree" or with
  * byte ranges "allreduce=rd:0-64K,ring:64K-") overrides it.
  * CHORUS_DETERMINISTIC restricts reductions to algorithms whose reduction
- * order is a fixed function of (nranks, count).
+ * order is a fixed function of (nranks, count). Each algorithm's order is,
+ * but they differ from one another, and the model's choice moves with size
+ * and topology; so one order is canonical, the ring's: allreduce,
+ * reduce_scatter and reduce may then use only "ring" (an override naming
+ * another is ignored, and the call gets NULL when no ring is registered for
+ * it). Other collectives are unaffected.
  */
 #ifndef CHORUS_SELECT_H
 #define CHORUS_SELECT_H
@@ -27,9 +32,9 @@ typedef struct select_link {
 } select_link_t;
 
 typedef struct select_rule {
-  int coll;            /* coll_kind */
-  size_t min_bytes;    /* inclusive */
-  size_t max_bytes;    /* exclusive; SIZE_MAX = no limit */
+  int coll;         /* coll_kind */
+  size_t min_bytes; /* inclusive */
+  size_t max_bytes; /* exclusive; SIZE_MAX = no limit */
   const algo_desc_t *algo;
 } select_rule_t;
 

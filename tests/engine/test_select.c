@@ -1,0 +1,260 @@
+/*
+ * test_select.c - algorithm selection: CHORUS_ALGO parsing (good strings,
+ * bad ones named in the error), byte ranges, the alpha-beta model's choices
+ * at the sizes where they are well known, deterministic mode, and the
+ * explanation.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "algos/algos.h"
+#include "select.h"
+
+static algo_args_t shape(coll_kind coll, int n, size_t bytes, const topo_t *t) {
+  return (algo_args_t){.coll = coll,
+                       .rank = 0,
+                       .nranks = n,
+                       .count = bytes / 4,
+                       .dtype = CHORUS_FLOAT32,
+                       .op = CHORUS_SUM,
+                       .chunk_bytes = 256 << 10,
+                       .topo = t};
+}
+
+static topo_t hosts(int h, int r, int *host_of) {
+  for (int i = 0; i < h * r; i++)
+    host_of[i] = i / r;
+  return (topo_t){.nranks = h * r, .nhosts = h, .host_of = host_of};
+}
+
+Test(select, parses_rules) {
+  select_ctx_t s;
+  char err[256];
+  cr_assert_eq(select_init(&s, "allreduce=ring;bcast=tree", false, err, sizeof(err)), 0, "%s", err);
+  cr_assert_eq(s.nrules, 2);
+  cr_assert_eq(s.rules[0].coll, COLL_ALLREDUCE);
+  cr_assert_eq(s.rules[0].algo, algo_find(COLL_ALLREDUCE, "ring"));
+  cr_assert_eq(s.rules[0].min_bytes, 0);
+  cr_assert_eq(s.rules[0].max_bytes, SIZE_MAX);
+  cr_assert_eq(s.rules[1].coll, COLL_BCAST);
+  cr_assert_eq(s.rules[1].algo, algo_find(COLL_BCAST, "tree"));
+  select_fini(&s);
+
+  cr_assert_eq(select_init(&s, "allreduce=rd:0-64K,ring:64K-", false, err, sizeof(err)), 0, "%s",
+               err);
+  cr_assert_eq(s.nrules, 2);
+  cr_assert_eq(s.rules[0].algo, algo_find(COLL_ALLREDUCE, "rd"));
+  cr_assert_eq(s.rules[0].min_bytes, 0);
+  cr_assert_eq(s.rules[0].max_bytes, 65536);
+  cr_assert_eq(s.rules[1].algo, algo_find(COLL_ALLREDUCE, "ring"));
+  cr_assert_eq(s.rules[1].min_bytes, 65536);
+  cr_assert_eq(s.rules[1].max_bytes, SIZE_MAX);
+  select_fini(&s);
+
+  /* spaces, suffixes, empty parts, open lower end */
+  cr_assert_eq(select_init(&s, " allreduce = rd : -1M , rhd:1M-2G ; ;allgather=bruck:512-4KiB;",
+                           false, err, sizeof(err)),
+               0, "%s", err);
+  cr_assert_eq(s.nrules, 3);
+  cr_assert_eq(s.rules[0].max_bytes, 1u << 20);
+  cr_assert_eq(s.rules[1].algo, algo_find(COLL_ALLREDUCE, "rhd"));
+  cr_assert_eq(s.rules[1].min_bytes, 1u << 20);
+  cr_assert_eq(s.rules[1].max_bytes, (size_t)2 << 30);
+  cr_assert_eq(s.rules[2].coll, COLL_ALLGATHER);
+  cr_assert_eq(s.rules[2].min_bytes, 512);
+  cr_assert_eq(s.rules[2].max_bytes, 4096);
+  select_fini(&s);
+
+  cr_assert_eq(select_init(&s, NULL, false, err, sizeof(err)), 0);
+  cr_assert_eq(s.nrules, 0);
+  cr_assert_gt(s.inter.alpha, s.intra.alpha);
+  cr_assert_gt(s.inter.beta, s.intra.beta);
+  cr_assert_gt(s.gamma, 0);
+  select_fini(&s);
+  cr_assert_eq(select_init(&s, "", false, err, sizeof(err)), 0);
+  select_fini(&s);
+}
+
+static void bad(const char *spec, const char *want) {
+  select_ctx_t s;
+  char err[256] = "";
+  cr_assert_eq(select_init(&s, spec, false, err, sizeof(err)), -1, "'%s' accepted", spec);
+  cr_assert(strstr(err, want), "'%s': error '%s' lacks '%s'", spec, err, want);
+  cr_assert_eq(s.nrules, 0);
+  cr_assert_null(s.rules);
+}
+
+Test(select, rejects_bad_rules) {
+  bad("allreduce", "'allreduce': expected collective=algorithm");
+  bad("allreduce=ring;allreduz=ring", "unknown collective 'allreduz'");
+  bad("allreduce=nosuch", "unknown algorithm 'nosuch' for allreduce (known: ring, ");
+  bad("bcast=rhd", "unknown algorithm 'rhd' for bcast");
+  bad("allreduce=rd:64K", "range '64K' is not min-max");
+  bad("allreduce=rd:1Q-2M", "bad size '1Q'");
+  bad("allreduce=rd:0-64K,ring:64K-x", "bad size 'x'");
+  bad("allreduce=rd:64K-1K", "empty range 64K-1K");
+  bad("allreduce=", "an algorithm name is missing");
+  bad("allreduce=ring,", "an algorithm name is missing");
+  bad("allreduce=rd:99999999999999999999G-", "bad size");
+}
+
+Test(select, ranges_pick_by_size) {
+  select_ctx_t s;
+  char err[256], why[256];
+  cr_assert_eq(select_init(&s, "allreduce=rd:0-64K,ring:64K-", false, err, sizeof(err)), 0);
+  algo_args_t a = shape(COLL_ALLREDUCE, 8, 8, NULL);
+  const algo_desc_t *d = select_algo(&s, &a, why, sizeof(why));
+  cr_assert_str_eq(d->name, "rd", "%s", why);
+  cr_assert(strstr(why, "rd (CHORUS_ALGO)"), "%s", why);
+  a = shape(COLL_ALLREDUCE, 8, 65536 - 4, NULL);
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "rd", "%s", why);
+  a = shape(COLL_ALLREDUCE, 8, 65536, NULL);
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "ring", "%s", why);
+  a = shape(COLL_ALLREDUCE, 8, 64 << 20, NULL);
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "ring", "%s", why);
+  cr_assert(strstr(why, "allreduce 64 MiB on 8 ranks/1 host: ring (CHORUS_ALGO)"), "%s", why);
+  /* a collective without a rule goes to the model */
+  a = shape(COLL_BCAST, 8, 8, NULL);
+  d = select_algo(&s, &a, why, sizeof(why));
+  cr_assert_not_null(d);
+  cr_assert(strstr(why, "(model)"), "%s", why);
+  select_fini(&s);
+}
+
+static bool latency_algo(const char *name) {
+  return !strcmp(name, "rd") || !strcmp(name, "tree") || !strcmp(name, "dbtree") ||
+         !strcmp(name, "dissemination") || !strcmp(name, "rhd");
+}
+
+Test(select, model_small_and_large) {
+  select_ctx_t s;
+  char err[256], why[256];
+  cr_assert_eq(select_init(&s, NULL, false, err, sizeof(err)), 0);
+
+  algo_args_t a = shape(COLL_ALLREDUCE, 8, 8, NULL);
+  const algo_desc_t *d = select_algo(&s, &a, why, sizeof(why));
+  cr_assert(latency_algo(d->name), "8 B: %s (%s)", d->name, why);
+  cr_assert_str_neq(d->name, "ring", "%s", why);
+  cr_assert(strstr(why, d->name), "%s", why);
+  cr_assert(strstr(why, "allreduce 8 B on 8 ranks/1 host: "), "%s", why);
+  cr_assert(strstr(why, "(model) < "), "%s", why);
+  const algo_desc_t *ring = algo_find(COLL_ALLREDUCE, "ring");
+  cr_assert_lt(select_cost(&s, d, &a), select_cost(&s, ring, &a));
+
+  a = shape(COLL_ALLREDUCE, 8, 64 << 20, NULL);
+  d = select_algo(&s, &a, why, sizeof(why));
+  cr_assert(!strcmp(d->name, "ring") || !strcmp(d->name, "rhd"), "64 MiB: %s (%s)", d->name, why);
+  cr_assert(strstr(why, d->name), "%s", why);
+  const algo_desc_t *rd = algo_find(COLL_ALLREDUCE, "rd");
+  cr_assert_lt(select_cost(&s, ring, &a), select_cost(&s, rd, &a));
+  /* ring's closed form, 64 MiB at 8 ranks: 2*7 alpha + 2*7/8 N beta + 7/8 N gamma */
+  double N = 64.0 * (1 << 20);
+  double want = 14 * s.intra.alpha + 1.75 * N * s.intra.beta + 0.875 * N * s.gamma;
+  cr_assert_float_eq(select_cost(&s, ring, &a), want, want * 1e-9);
+
+  /* bcast: a tree for small messages */
+  a = shape(COLL_BCAST, 16, 8, NULL);
+  d = select_algo(&s, &a, why, sizeof(why));
+  cr_assert_str_eq(d->name, "tree", "%s", why);
+  /* one rank: nothing to move */
+  a = shape(COLL_ALLREDUCE, 1, 1 << 20, NULL);
+  cr_assert_eq(select_cost(&s, ring, &a), 0.0);
+  cr_assert_not_null(select_algo(&s, &a, NULL, 0));
+  select_fini(&s);
+}
+
+Test(select, hierarchical_for_many_hosts) {
+  select_ctx_t s;
+  char err[256], why[256];
+  int host_of[64];
+  topo_t t = hosts(4, 8, host_of);
+  cr_assert_eq(select_init(&s, NULL, false, err, sizeof(err)), 0);
+  const algo_desc_t *hier = algo_find(COLL_ALLREDUCE, "hier");
+  cr_assert_not_null(hier, "no hierarchical allreduce registered");
+
+  algo_args_t a = shape(COLL_ALLREDUCE, 32, 64 << 20, &t);
+  const algo_desc_t *d = select_algo(&s, &a, why, sizeof(why));
+  cr_assert_str_eq(d->name, "hier", "%s", why);
+  cr_assert(strstr(why, "on 32 ranks/4 hosts: hier "), "%s", why);
+  /* across hosts the flat ring is paced by the inter-host link */
+  const algo_desc_t *ring = algo_find(COLL_ALLREDUCE, "ring");
+  algo_args_t flat = shape(COLL_ALLREDUCE, 32, 64 << 20, NULL);
+  cr_assert_gt(select_cost(&s, ring, &a), 2 * select_cost(&s, ring, &flat));
+
+  /* without a topology hier is not a candidate */
+  d = select_algo(&s, &flat, why, sizeof(why));
+  cr_assert_str_neq(d->name, "hier", "%s", why);
+  select_fini(&s);
+
+  /* forced without hosts: falls back to the model and says so */
+  cr_assert_eq(select_init(&s, "allreduce=hier", false, err, sizeof(err)), 0, "%s", err);
+  d = select_algo(&s, &flat, why, sizeof(why));
+  cr_assert_str_neq(d->name, "hier", "%s", why);
+  cr_assert(strstr(why, "CHORUS_ALGO's hier cannot run here (needs ranks on more than one host)"),
+            "%s", why);
+  cr_assert(strstr(why, d->name), "%s", why);
+  /* with hosts, the override stands */
+  d = select_algo(&s, &a, why, sizeof(why));
+  cr_assert_str_eq(d->name, "hier", "%s", why);
+  select_fini(&s);
+}
+
+Test(select, deterministic_restricts_reductions) {
+  select_ctx_t s;
+  char err[256], why[256];
+  cr_assert_eq(select_init(&s, NULL, true, err, sizeof(err)), 0);
+  static const coll_kind reducing[] = {COLL_ALLREDUCE, COLL_REDUCE_SCATTER, COLL_REDUCE};
+  static const size_t sizes[] = {8, 4096, 64 << 20};
+  for (size_t c = 0; c < 3; c++)
+    for (size_t k = 0; k < 3; k++) {
+      algo_args_t a = shape(reducing[c], 8, sizes[k], NULL);
+      const algo_desc_t *d = select_algo(&s, &a, why, sizeof(why));
+      if (!algo_find(reducing[c], "ring")) {
+        cr_assert_null(d, "%s", why);
+        continue;
+      }
+      cr_assert_str_eq(d->name, "ring", "%s %zu: %s", coll_kind_str(reducing[c]), sizes[k], why);
+      cr_assert(strstr(why, "deterministic"), "%s", why);
+    }
+  /* others keep their choice */
+  algo_args_t a = shape(COLL_BCAST, 16, 8, NULL);
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "tree", "%s", why);
+  select_fini(&s);
+
+  cr_assert_eq(select_init(&s, "allreduce=rd", true, err, sizeof(err)), 0);
+  a = shape(COLL_ALLREDUCE, 8, 8, NULL);
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "ring", "%s", why);
+  cr_assert(strstr(why, "CHORUS_ALGO's rd ignored: not deterministic"), "%s", why);
+  select_fini(&s);
+}
+
+Test(select, every_algorithm_has_a_finite_cost) {
+  select_ctx_t s;
+  char err[256];
+  int host_of[64];
+  topo_t t = hosts(4, 4, host_of);
+  cr_assert_eq(select_init(&s, NULL, false, err, sizeof(err)), 0);
+  for (const algo_desc_t *d = algo_table; d->name; d++)
+    for (int k = 0; k < 2; k++) {
+      algo_args_t a = shape(d->coll, 16, 1 << 20, k ? &t : NULL);
+      a.root = 1;
+      double c = select_cost(&s, d, &a);
+      cr_assert(c > 0 && c < 10, "%s %s: %g", coll_kind_str(d->coll), d->name, c);
+      /* more bytes never cost less */
+      algo_args_t big = a;
+      big.count *= 4;
+      cr_assert_geq(select_cost(&s, d, &big), c, "%s %s", coll_kind_str(d->coll), d->name);
+    }
+  /* every collective with algorithms gets one */
+  for (int c = 0; c < COLL_KIND_COUNT; c++) {
+    if (!algo_find((coll_kind)c, NULL))
+      continue;
+    algo_args_t a = shape((coll_kind)c, 16, 4096, &t);
+    a.root = 1;
+    char why[256];
+    cr_assert_not_null(select_algo(&s, &a, why, sizeof(why)), "%s: %s", coll_kind_str(c), why);
+  }
+  select_fini(&s);
+}
