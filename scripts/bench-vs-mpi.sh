@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# bench-vs-mpi.sh - Chorus allreduce against Open MPI's, size by size.
+# bench-vs-mpi.sh - Chorus collectives against Open MPI's, size by size.
 #
 # Runs R rounds, interleaved (chorus, MPI, chorus, MPI, ...), of
-#   chorus-run -n N --provider P -- chorus-perf --json ...
-#   mpirun -np N ... mpi-perf --json ...
-# over the same sizes, keeps every JSON line, then prints per size the median
+#   chorus-run -n N --provider P -- chorus-perf -c COLLS --json ...
+#   mpirun -np N ... mpi-perf -c COLLS --json ...
+# over the same sizes, keeps every JSON line, then prints, one table per
+# collective (each run sweeps every collective of -c in turn), per size the median
 # busbw of each, their ratio (chorus / MPI: above 1 means Chorus is faster) and
 # the median time per call of each, plus the median wall time of a whole run.
 # "Median" is the run of median time per size (the faster of the two middle
@@ -16,19 +17,26 @@ set -euo pipefail
 usage() {
   cat <<'EOF'
 usage: scripts/bench-vs-mpi.sh [options]
+  -c COLLS        collective, comma list of them, or all (default allreduce):
+                  allreduce bcast reduce allgather reduce_scatter alltoall gather
+                  scatter barrier sendrecv; one table each
   -n RANKS        ranks per run (default 2)
   -p PROVIDER     shm or tcp (default shm)
-  -b SIZE         smallest message, K/M/G suffixes (default 8)
-  -e SIZE         largest message (default 64M)
+  -b SIZE         smallest size, K/M/G suffixes (default 8); sizes are the whole
+                  buffer of the operation, as in nccl-tests (see chorus-perf --help)
+  -e SIZE         largest size (default 64M)
   -f FACTOR       size step factor (default 4)
   -r ROUNDS       rounds; each runs chorus then MPI (default 5)
   -d DTYPE        int8 uint8 int32 int64 float32 float64 (default float32)
-  -o OP           sum prod min max avg (default sum)
+  -o OP           sum prod min max avg (default sum; reductions only)
+  --root R        root of bcast, reduce, gather, scatter (default 0)
+  --algo NAME     chorus-perf --algo (CHORUS_ALGO for the collective); MPI
+                  chooses its own
   -i ITERS        timed calls per size (default: the tools' own: 100 up to 1M,
                   20 up to 64M, fewer past)
   -w WARMUP       warmup calls per size (default: the tools' own, 5)
   --check         verify results too (#wrong is reported per tool)
-  --inplace       in-place allreduce in both tools
+  --inplace       in place in both tools, where the collective has that form
   --build DIR     build directory holding tools/chorus-run, tools/chorus-perf and
                   tools/mpi-perf (default ./build)
   --out DIR       keep the raw JSON lines and logs there (default: a new temp dir)
@@ -45,10 +53,12 @@ die_usage() {
   exit 2
 }
 
-ranks=2 provider=shm minb=8 maxb=64M factor=4 rounds=5 dtype=float32 op=sum
+ranks=2 provider=shm minb=8 maxb=64M factor=4 rounds=5 dtype=float32 op=sum colls=allreduce
 iters="" warmup="" check=0 inplace=0 build=./build out="" run_chorus=1 run_mpi=1 report=""
+root="" algo=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    -c) colls=${2:?}; shift ;;
     -n) ranks=${2:?}; shift ;;
     -p) provider=${2:?}; shift ;;
     -b) minb=${2:?}; shift ;;
@@ -59,6 +69,8 @@ while [ $# -gt 0 ]; do
     -o) op=${2:?}; shift ;;
     -i) iters=${2:?}; shift ;;
     -w) warmup=${2:?}; shift ;;
+    --root) root=${2:?}; shift ;;
+    --algo) algo=${2:?}; shift ;;
     --check) check=1 ;;
     --inplace) inplace=1 ;;
     --build) build=${2:?}; shift ;;
@@ -74,6 +86,8 @@ done
 
 [[ $ranks =~ ^[1-9][0-9]*$ ]] || die_usage "-n needs a positive integer"
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || die_usage "-r needs a positive integer"
+[[ $colls =~ ^[a-z_]+(,[a-z_]+)*$ ]] || die_usage "-c needs a collective or a comma list of them"
+[ -z "$root" ] || [[ $root =~ ^[0-9]+$ ]] || die_usage "--root needs a rank"
 case "$provider" in
   shm) mpi_btl=(--mca btl "self,vader") ;;
   tcp) mpi_btl=(--mca btl "self,tcp" --mca btl_tcp_if_include lo) ;;
@@ -105,7 +119,8 @@ else
   mkdir -p "$out"
 fi
 
-perf_args=(--json -b "$minb" -e "$maxb" -f "$factor" -d "$dtype" -o "$op")
+perf_args=(--json -c "$colls" -b "$minb" -e "$maxb" -f "$factor" -d "$dtype" -o "$op")
+if [ -n "$root" ]; then perf_args+=(--root "$root"); fi
 if [ -n "$iters" ]; then perf_args+=(-n "$iters"); fi
 if [ -n "$warmup" ]; then perf_args+=(-w "$warmup"); fi
 if [ $check = 1 ]; then perf_args+=(--check); fi
@@ -116,14 +131,14 @@ if [ "$provider" = tcp ] && [ -z "${FI_TCP_IFACE:-}" ]; then
   chorus_env=(env FI_TCP_IFACE=lo)
 fi
 chorus_cmd=(${chorus_env[@]+"${chorus_env[@]}"} "$chorus_run" -n "$ranks" --provider "$provider" --no-tag --
-  "$chorus_perf" "${perf_args[@]}")
+  "$chorus_perf" "${perf_args[@]}" ${algo:+--algo "$algo"})
 # pml ob1 makes the btl choice binding (it is Open MPI's default pml here too).
 mpi_cmd=(mpirun --allow-run-as-root --oversubscribe -np "$ranks" --bind-to none
   --mca pml ob1 "${mpi_btl[@]}" "$mpi_perf" "${perf_args[@]}")
 
 if [ -z "$report" ]; then
-  echo "# bench-vs-mpi: $ranks ranks, provider $provider, $dtype $op, sizes $minb..$maxb" \
-    "x$factor, $rounds rounds, raw output in $out"
+  echo "# bench-vs-mpi: $colls, $ranks ranks, provider $provider, $dtype $op, sizes" \
+    "$minb..$maxb x$factor, $rounds rounds, raw output in $out"
 else
   echo "# bench-vs-mpi: report of $out"
 fi
@@ -166,7 +181,9 @@ python3 - "$out" <<'EOF' || failed=1
 import json, os, re, statistics, sys
 
 out = sys.argv[1]
-rows = {"chorus": {}, "mpi": {}}   # tool -> bytes -> list of records
+# tool -> collective -> bytes -> list of records; collectives in order of appearance
+rows = {"chorus": {}, "mpi": {}}
+colls = []
 walls = {"chorus": [], "mpi": []}
 info = {}
 for tool in rows:
@@ -185,7 +202,10 @@ for tool in rows:
                 if not line.startswith("{"):
                     continue
                 rec = json.loads(line)
-                rows[tool].setdefault(rec["bytes"], []).append(rec)
+                coll = rec.get("collective", "allreduce")  # lines of older tools
+                if coll not in colls:
+                    colls.append(coll)
+                rows[tool].setdefault(coll, {}).setdefault(rec["bytes"], []).append(rec)
                 info.setdefault(tool, rec)
 
 def median_run(recs):
@@ -196,7 +216,7 @@ def median_run(recs):
     return sorted(recs, key=lambda r: r["time_us"])[(len(recs) - 1) // 2]
 
 def get(rec, key):
-    return rec[key] if rec else None
+    return rec.get(key) if rec else None
 
 def fmt(v, spec):
     if v is None:
@@ -204,38 +224,51 @@ def fmt(v, spec):
     return format(v, spec)
 
 for tool, rec in info.items():
-    print(f"# {tool}: provider {rec['provider']}, algo {rec['algo']}, {rec['nranks']} ranks")
-sizes = sorted(set(rows["chorus"]) | set(rows["mpi"]))
-check = any(r.get("wrong") is not None for t in rows for b in rows[t] for r in rows[t][b])
-hdr = f"{'bytes':>12} {'count':>10} {'chorus busbw':>13} {'mpi busbw':>10} {'ratio':>7} " \
-      f"{'chorus us':>11} {'mpi us':>11} {'runs c/m':>9}"
-if check:
-    hdr += f" {'wrong c/m':>10}"
-print(hdr)
-print(f"{'(B)':>12} {'':>10} {'(GB/s)':>13} {'(GB/s)':>10} {'c/m':>7} {'(median)':>11} "
-      f"{'(median)':>11}")
+    print(f"# {tool}: provider {rec['provider']}, {rec['nranks']} ranks")
+check = any(r.get("wrong") is not None
+            for t in rows for c in rows[t] for b in rows[t][c] for r in rows[t][c][b])
 bad = 0
-for b in sizes:
-    c, m = rows["chorus"].get(b, []), rows["mpi"].get(b, [])
-    cr, mr = median_run(c), median_run(m)
-    cb, mb = get(cr, "busbw_gbs"), get(mr, "busbw_gbs")
-    ct, mt = get(cr, "time_us"), get(mr, "time_us")
-    count = (c or m)[0]["count"]
-    # busbw is 0 for 1 rank; compare times then (mpi time / chorus time)
-    if cb and mb:
-        ratio = cb / mb
-    elif ct and mt:
-        ratio = mt / ct
-    else:
-        ratio = None
-    line = f"{b:>12} {count:>10} {fmt(cb, '13.3f')} {fmt(mb, '10.3f')} {fmt(ratio, '7.2f')} " \
-           f"{fmt(ct, '11.1f')} {fmt(mt, '11.1f')} {f'{len(c)}/{len(m)}':>9}"
+for coll in colls:
+    crows, mrows = rows["chorus"].get(coll, {}), rows["mpi"].get(coll, {})
+    first = next(iter((crows or mrows).values()))[0]
+    algos = sorted({r.get("algo", "?") for b in crows for r in crows[b]})
+    desc = coll
+    if first.get("root") is not None:
+        desc += f", root {first['root']}"
+    if first.get("inplace"):
+        desc += ", in place"
+    if algos:
+        desc += f", chorus algo {'/'.join(algos)}"
+    print(f"\n# {desc}")
+    hdr = f"{'bytes':>12} {'count':>10} {'chorus busbw':>13} {'mpi busbw':>10} {'ratio':>7} " \
+          f"{'chorus us':>11} {'mpi us':>11} {'runs c/m':>9}"
     if check:
-        wc = sum(r["wrong"] or 0 for r in c)
-        wm = sum(r["wrong"] or 0 for r in m)
-        bad += wc + wm
-        line += f" {f'{wc}/{wm}':>10}"
-    print(line)
+        hdr += f" {'wrong c/m':>10}"
+    print(hdr)
+    print(f"{'(B)':>12} {'':>10} {'(GB/s)':>13} {'(GB/s)':>10} {'c/m':>7} {'(median)':>11} "
+          f"{'(median)':>11}")
+    for b in sorted(set(crows) | set(mrows)):
+        c, m = crows.get(b, []), mrows.get(b, [])
+        cr, mr = median_run(c), median_run(m)
+        cb, mb = get(cr, "busbw_gbs"), get(mr, "busbw_gbs")
+        ct, mt = get(cr, "time_us"), get(mr, "time_us")
+        count = (c or m)[0]["count"]
+        # busbw is 0 for 1 rank and null for barrier; compare times then (mpi / chorus)
+        if cb and mb:
+            ratio = cb / mb
+        elif ct and mt:
+            ratio = mt / ct
+        else:
+            ratio = None
+        line = f"{b:>12} {count:>10} {fmt(cb, '13.3f')} {fmt(mb, '10.3f')} {fmt(ratio, '7.2f')} " \
+               f"{fmt(ct, '11.1f')} {fmt(mt, '11.1f')} {f'{len(c)}/{len(m)}':>9}"
+        if check:
+            wc = sum(r["wrong"] or 0 for r in c)
+            wm = sum(r["wrong"] or 0 for r in m)
+            bad += wc + wm
+            line += f" {f'{wc}/{wm}':>10}"
+        print(line)
+print()
 for tool in ("chorus", "mpi"):
     if walls[tool]:
         print(f"# {tool} wall time per run: median {statistics.median(walls[tool]):.2f} s "

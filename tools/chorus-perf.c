@@ -2,25 +2,35 @@
  * chorus-perf - nccl-tests style benchmark of Chorus collectives.
  *
  *   chorus-run -n 4 -- chorus-perf -c allreduce -b 8 -e 64M -f 4 -d float32 -o sum --check
+ *   chorus-run -n 4 -- chorus-perf -c bcast --root 2 --algo tree -b 1K -e 16M
+ *   chorus-run -n 4 -- chorus-perf -c all -e 1M --check --json
  *
- * Every rank runs the same sweep of message sizes: -b, -b*f, -b*f^2 ... up to
- * -e. Per size: warmup calls, a synchronising call, timed calls. The time of a
- * size is the mean per call of the slowest rank (its local mean, reduced with
- * MAX over ranks). Bandwidths use the definitions of nccl-tests
- * (doc/PERFORMANCE.md there), in GB/s of 1e9 bytes:
+ * Every rank runs the same sweep of sizes: -b, -b*f, -b*f^2 ... up to -e,
+ * each the whole buffer of the operation as in nccl-tests. Per size: warmup
+ * calls, a synchronising call, timed calls. The time of a size is the mean
+ * per call of the slowest rank (its local mean, reduced with MAX over ranks).
+ * Bandwidths use the definitions of nccl-tests (doc/PERFORMANCE.md there), in
+ * GB/s of 1e9 bytes:
  *
  *   algbw = bytes / time
- *   busbw = algbw * factor(n)      allreduce 2(n-1)/n, broadcast/reduce 1,
- *                                  allgather/reduce_scatter/alltoall (n-1)/n
+ *   busbw = algbw * factor(n)      allreduce 2(n-1)/n; bcast, reduce, sendrecv 1;
+ *                                  allgather, reduce_scatter, alltoall, gather,
+ *                                  scatter (n-1)/n
  *
  * With --check one more call per size runs on inputs whose exact result is
- * known (see "check patterns" in perf_common.c); "#wrong" is the SUM over
- * ranks of the elements that differ from it.
+ * known (see the patterns in perf_common.c); "#wrong" is the SUM over ranks
+ * of the elements that differ from it. The "algo" column is what
+ * chorus_comm_last_algorithm names after the timed calls.
  *
- * tools/mpi-perf.c is the same program over MPI_Allreduce. Options, defaults,
- * patterns and output live in tools/perf_common.c so that their results
- * compare line by line; scripts/bench-vs-mpi.sh relies on it. Keep the run
- * loops in step.
+ * --algo sets CHORUS_ALGO before the communicator exists: a bare name applies
+ * to the one collective of -c ("tree" with -c bcast is "bcast=tree"), a value
+ * holding '=' is passed as it is; either goes in front of a CHORUS_ALGO
+ * already in the environment.
+ *
+ * tools/mpi-perf.c is the same program over MPI. Options, sizes, patterns,
+ * the run loop and the output live in tools/perf_common.c so that their
+ * results compare line by line; scripts/bench-vs-mpi.sh relies on it. This
+ * file only maps each collective to its Chorus call.
  */
 #include "chorus.h"
 
@@ -32,18 +42,18 @@
 #include <string.h>
 
 #define PERF_NAME "chorus-perf"
-/* The only allreduce algorithm so far; the API does not name the one it picked yet. */
-#define PERF_ALGO "ring"
 
 static const struct perf_tool tool = {
     .name = PERF_NAME,
-    .algo = PERF_ALGO,
-    .about = "Benchmark a collective over every rank of the job (launch with chorus-run,\n"
+    .algo = "auto",
+    .about = "Benchmark collectives over every rank of the job (launch with chorus-run,\n"
              "torchrun-style env, Slurm or mpirun); rank 0 prints the results.\n",
-    .coll_help = "  -c, --collective NAME  allreduce (default); broadcast, reduce, allgather,\n"
-                 "                         reduce_scatter, alltoall are not available yet\n",
     .op_help = "",
-    .unavailable_fmt = "collective '%s' is not available yet (only allreduce is)",
+    .algo_help =
+        "      --algo NAME        force the algorithm: NAME alone applies to the one\n"
+        "                         collective of -c (bcast with tree: bcast=tree);\n"
+        "                         or CHORUS_ALGO syntax, e.g. 'allreduce=ring;bcast=tree'\n",
+    .algo_missing = "--algo '%s' is not available",
     .half = true,
 };
 
@@ -59,175 +69,176 @@ static const chorus_op op_ids[] = {
     [PERF_MAX] = CHORUS_MAX, [PERF_AVG] = CHORUS_AVG,
 };
 
-/* ---- the run ---- */
+/* ---- the backend ---- */
 
-static void die_comm(chorus_comm_t *comm, int rank, const char *what, size_t bytes,
-                     chorus_result rc) {
-  fprintf(stderr, PERF_NAME ": rank %d: %s (%zu bytes) failed: %s: %s\n", rank, what, bytes,
-          chorus_strerror(rc), chorus_comm_last_error(comm));
+struct chorus_ctx {
+  chorus_comm_t *comm;
+  int rank, nranks;
+  char msg[1024]; /* strerror's answer */
+};
+
+/* The ring exchange of nccl-tests' sendrecv: to rank+1, from rank-1. */
+static int sendrecv(struct chorus_ctx *x, const struct perf_call *c) {
+  chorus_dtype t = dtype_ids[c->dtype->id];
+  chorus_request_t *sreq = NULL, *rreq = NULL;
+  chorus_result rc, rc2;
+  rc = chorus_isend(x->comm, c->sendbuf, c->count, t, (x->rank + 1) % x->nranks, &sreq);
+  if (rc)
+    return rc;
+  rc = chorus_irecv(x->comm, c->recvbuf, c->count, t, (x->rank + x->nranks - 1) % x->nranks, &rreq);
+  if (!rc)
+    rc = chorus_wait(&rreq);
+  rc2 = chorus_wait(&sreq);
+  return rc ? rc : rc2;
+}
+
+static int chorus_call(void *ctx, const struct perf_call *c) {
+  struct chorus_ctx *x = ctx;
+  chorus_dtype t = dtype_ids[c->dtype->id];
+  chorus_op op = op_ids[c->op];
+  switch (c->coll->id) {
+  case PERF_ALLREDUCE:
+    return chorus_allreduce(x->comm, c->sendbuf, c->recvbuf, c->count, t, op);
+  case PERF_BCAST:
+    return chorus_bcast(x->comm, c->sendbuf, c->recvbuf, c->count, t, c->root);
+  case PERF_REDUCE:
+    return chorus_reduce(x->comm, c->sendbuf, c->recvbuf, c->count, t, op, c->root);
+  case PERF_ALLGATHER:
+    return chorus_allgather(x->comm, c->sendbuf, c->recvbuf, c->count, t);
+  case PERF_REDUCE_SCATTER:
+    return chorus_reduce_scatter(x->comm, c->sendbuf, c->recvbuf, c->count, t, op);
+  case PERF_ALLTOALL:
+    return chorus_alltoall(x->comm, c->sendbuf, c->recvbuf, c->count, t);
+  case PERF_GATHER:
+    return chorus_gather(x->comm, c->sendbuf, c->recvbuf, c->count, t, c->root);
+  case PERF_SCATTER:
+    return chorus_scatter(x->comm, c->sendbuf, c->recvbuf, c->count, t, c->root);
+  case PERF_BARRIER:
+    return chorus_barrier(x->comm);
+  case PERF_SENDRECV:
+    return sendrecv(x, c);
+  default:
+    return CHORUS_ERR_UNSUPPORTED;
+  }
+}
+
+static int chorus_max_double(void *ctx, double *v) {
+  struct chorus_ctx *x = ctx;
+  double in = *v;
+  return chorus_allreduce(x->comm, &in, v, 1, CHORUS_FLOAT64, CHORUS_MAX);
+}
+
+static int chorus_sum_int64(void *ctx, int64_t *v) {
+  struct chorus_ctx *x = ctx;
+  int64_t in = *v;
+  return chorus_allreduce(x->comm, &in, v, 1, CHORUS_INT64, CHORUS_SUM);
+}
+
+static const char *chorus_err(void *ctx, int rc) {
+  struct chorus_ctx *x = ctx;
+  snprintf(x->msg, sizeof(x->msg), "%s: %s", chorus_strerror((chorus_result)rc),
+           chorus_comm_last_error(x->comm));
+  return x->msg;
+}
+
+static const char *chorus_algo(void *ctx) {
+  struct chorus_ctx *x = ctx;
+  return chorus_comm_last_algorithm(x->comm);
+}
+
+/* The other ranks see this one lost. */
+static void chorus_die(void *ctx) {
+  (void)ctx;
   exit(1);
 }
 
-/* Rank 0 alone prints; the others just take part in the reductions. */
-static int run(const struct perf_options *opt, chorus_comm_t *comm, int rank, int nranks,
-               unsigned char *sendbuf, unsigned char *recvbuf, double *expect) {
-  const struct perf_dtype_info *dt = opt->dtype;
-  const char *provider = chorus_comm_provider(comm);
-  struct perf_pattern pt = perf_pattern_make(dt, opt->op->id, nranks);
-  void *rb = opt->inplace ? (void *)sendbuf : (void *)recvbuf; /* the result */
-  double busbw_sum = 0.0;
-  int64_t wrong_total = 0;
-  int rows = 0;
-  chorus_result rc;
-
-  if (!provider)
-    provider = "unknown";
-
-  perf_pattern_expect(&pt, dt, expect);
-  if (rank == 0 && !opt->json)
-    perf_print_header(&tool, opt, chorus_version(), nranks, provider);
-
-  /* Start-up warmup, untimed (skipped with -w 0): one call at the largest size
-   * touches every buffer and transport path, then a burst of small calls lets
-   * freshly started ranks settle before the first size is timed; without it
-   * the first size often absorbs milliseconds of start-up noise. */
-  if (opt->warmup != 0) {
-    size_t maxcount = opt->maxbytes / dt->size;
-    size_t mincount = opt->minbytes / dt->size ? opt->minbytes / dt->size : 1;
-    perf_pattern_fill(&pt, dt, rank, sendbuf, maxcount);
-    rc = chorus_allreduce(comm, sendbuf, rb, maxcount, dtype_ids[dt->id], op_ids[opt->op->id]);
-    if (rc)
-      die_comm(comm, rank, "start-up warmup allreduce", maxcount * dt->size, rc);
-    for (int i = 0; i < 20; i++) {
-      rc = chorus_allreduce(comm, sendbuf, rb, mincount, dtype_ids[dt->id], op_ids[opt->op->id]);
-      if (rc)
-        die_comm(comm, rank, "start-up warmup allreduce", mincount * dt->size, rc);
-    }
+/* --algo into CHORUS_ALGO, ahead of what the environment already says. */
+static int set_algo(const struct perf_options *opt) {
+  const char *old = getenv("CHORUS_ALGO");
+  char val[1024];
+  int n;
+  if (strchr(opt->algo, '='))
+    n = snprintf(val, sizeof(val), "%s", opt->algo);
+  else
+    n = snprintf(val, sizeof(val), "%s=%s", opt->colls[0]->name, opt->algo);
+  if (n >= 0 && (size_t)n < sizeof(val) && old && *old)
+    n += snprintf(val + n, sizeof(val) - (size_t)n, ";%s", old);
+  if (n < 0 || (size_t)n >= sizeof(val)) {
+    fprintf(stderr, PERF_NAME ": --algo is too long\n");
+    return -1;
   }
-
-  for (size_t bytes = opt->minbytes; bytes <= opt->maxbytes;) {
-    size_t count = bytes / dt->size;
-    if (count > 0) {
-      struct perf_row r = {.bytes = count * dt->size, .count = count, .wrong = -1};
-      int iters = opt->iters > 0 ? opt->iters : perf_default_iters(r.bytes);
-      int warmup = opt->warmup >= 0 ? opt->warmup : perf_default_warmup(r.bytes);
-      double t0, local, slowest, one = 1.0, sync;
-
-      perf_pattern_fill(&pt, dt, rank, sendbuf, count);
-      for (int i = 0; i < warmup; i++) {
-        rc = chorus_allreduce(comm, sendbuf, rb, count, dtype_ids[dt->id], op_ids[opt->op->id]);
-        if (rc)
-          die_comm(comm, rank, "warmup allreduce", r.bytes, rc);
-      }
-      /* start the clocks together: nobody leaves this call before all entered it */
-      rc = chorus_allreduce(comm, &one, &sync, 1, CHORUS_FLOAT64, CHORUS_MAX);
-      if (rc)
-        die_comm(comm, rank, "synchronising allreduce", sizeof(one), rc);
-      t0 = perf_now_s();
-      for (int i = 0; i < iters; i++) {
-        rc = chorus_allreduce(comm, sendbuf, rb, count, dtype_ids[dt->id], op_ids[opt->op->id]);
-        if (rc)
-          die_comm(comm, rank, "timed allreduce", r.bytes, rc);
-      }
-      local = (perf_now_s() - t0) / iters;
-      rc = chorus_allreduce(comm, &local, &slowest, 1, CHORUS_FLOAT64, CHORUS_MAX);
-      if (rc)
-        die_comm(comm, rank, "allreduce of the timings", sizeof(local), rc);
-
-      if (opt->check) {
-        int64_t wrong, wrong_sum;
-        perf_pattern_fill(&pt, dt, rank, sendbuf, count);
-        if (!opt->inplace)
-          memset(recvbuf, 0xff, r.bytes);
-        rc = chorus_allreduce(comm, sendbuf, rb, count, dtype_ids[dt->id], op_ids[opt->op->id]);
-        if (rc)
-          die_comm(comm, rank, "checked allreduce", r.bytes, rc);
-        wrong = (int64_t)perf_pattern_count_wrong(&pt, dt, expect, rb, count);
-        rc = chorus_allreduce(comm, &wrong, &wrong_sum, 1, CHORUS_INT64, CHORUS_SUM);
-        if (rc)
-          die_comm(comm, rank, "allreduce of the wrong counts", sizeof(wrong), rc);
-        r.wrong = wrong_sum;
-        wrong_total += wrong_sum;
-      }
-
-      r.time_us = slowest * 1e6;
-      r.algbw = slowest > 0.0 ? (double)r.bytes / slowest / 1e9 : 0.0;
-      r.busbw = r.algbw * opt->coll->bus_factor(nranks);
-      busbw_sum += r.busbw;
-      rows++;
-      if (rank == 0)
-        perf_print_row(&tool, opt, nranks, provider, &r);
-    }
-    if (bytes > opt->maxbytes / opt->factor || opt->factor < 2)
-      break;
-    bytes *= opt->factor;
+  if (setenv("CHORUS_ALGO", val, 1)) {
+    perror(PERF_NAME ": setenv CHORUS_ALGO");
+    return -1;
   }
-
-  if (rank == 0)
-    perf_print_footer(opt, rows, busbw_sum, wrong_total);
-  return wrong_total ? 1 : 0;
+  return 0;
 }
 
 int main(int argc, char **argv) {
   struct perf_options opt;
-  chorus_comm_t *comm = NULL;
+  struct chorus_ctx ctx = {0};
+  struct perf_backend be = {.call = chorus_call,
+                            .max_double = chorus_max_double,
+                            .sum_int64 = chorus_sum_int64,
+                            .strerror = chorus_err,
+                            .last_algo = chorus_algo,
+                            .abort = chorus_die,
+                            .ctx = &ctx};
   unsigned char *sendbuf = NULL, *recvbuf = NULL;
-  double *expect = NULL;
-  size_t maxcount, bufbytes;
-  int exit_code, rank, nranks;
+  size_t bufbytes;
+  int exit_code;
   chorus_result rc;
 
   if (!perf_parse_args(&tool, argc, argv, &opt, &exit_code))
     return exit_code;
+  if (opt.algo && set_algo(&opt))
+    return 1;
 
   /* Buffers come first: a rank that cannot allocate must fail before the
-   * communicator exists, not leave the others waiting in a collective. */
-  maxcount = opt.maxbytes / opt.dtype->size;
-  bufbytes = maxcount * opt.dtype->size;
+   * communicator exists, not leave the others waiting in a collective. Every
+   * collective's buffers fit in -e bytes each (sizes are whole buffers). */
+  bufbytes = opt.maxbytes / opt.dtype->size * opt.dtype->size;
   if (posix_memalign((void **)&sendbuf, 4096, bufbytes) ||
-      (!opt.inplace && posix_memalign((void **)&recvbuf, 4096, bufbytes))) {
-    fprintf(stderr, PERF_NAME ": cannot allocate %s%zu bytes of buffers\n",
-            opt.inplace ? "" : "2 x ", bufbytes);
+      posix_memalign((void **)&recvbuf, 4096, bufbytes)) {
+    fprintf(stderr, PERF_NAME ": cannot allocate 2 x %zu bytes of buffers\n", bufbytes);
     free(sendbuf);
     return 1;
   }
   memset(sendbuf, 0, bufbytes);
-  if (recvbuf)
-    memset(recvbuf, 0, bufbytes);
+  memset(recvbuf, 0, bufbytes);
 
-  rc = chorus_comm_init_from_env(&comm);
+  rc = chorus_comm_init_from_env(&ctx.comm);
   if (rc) {
     fprintf(stderr, PERF_NAME ": chorus_comm_init_from_env failed: %s: %s\n", chorus_strerror(rc),
             chorus_last_error());
     exit_code = 1;
     goto out_free_bufs;
   }
-  rc = chorus_comm_rank(comm, &rank);
+  rc = chorus_comm_rank(ctx.comm, &ctx.rank);
   if (!rc)
-    rc = chorus_comm_size(comm, &nranks);
+    rc = chorus_comm_size(ctx.comm, &ctx.nranks);
   if (rc) {
     fprintf(stderr, PERF_NAME ": cannot read rank/size: %s: %s\n", chorus_strerror(rc),
-            chorus_comm_last_error(comm));
+            chorus_comm_last_error(ctx.comm));
     exit_code = 1;
     goto out_destroy;
   }
-  /* the longest pattern period is nranks (one-hot sums) */
-  expect = calloc((size_t)nranks > 13 ? (size_t)nranks : 13, sizeof(*expect));
-  if (!expect) {
-    fprintf(stderr, PERF_NAME ": rank %d: out of memory\n", rank);
-    exit(1); /* the other ranks see this one lost */
-  }
+  be.version = chorus_version();
+  be.provider = chorus_comm_provider(ctx.comm);
+  if (!be.provider)
+    be.provider = "unknown";
+  be.rank = ctx.rank;
+  be.nranks = ctx.nranks;
 
-  exit_code = run(&opt, comm, rank, nranks, sendbuf, recvbuf, expect);
+  exit_code = perf_run(&tool, &be, &opt, sendbuf, recvbuf);
 
 out_destroy:
-  rc = chorus_comm_destroy(comm);
+  rc = chorus_comm_destroy(ctx.comm);
   if (rc) {
     fprintf(stderr, PERF_NAME ": chorus_comm_destroy failed: %s\n", chorus_strerror(rc));
     exit_code = 1;
   }
 out_free_bufs:
-  free(expect);
   free(recvbuf);
   free(sendbuf);
   return exit_code;

@@ -1,20 +1,24 @@
 /*
- * mpi-perf - the chorus-perf benchmark over MPI_Allreduce, for comparisons.
+ * mpi-perf - the chorus-perf benchmark over MPI, for comparisons.
  *
- *   mpirun -np 4 mpi-perf -b 8 -e 64M -f 4 -d float32 -o sum --check
+ *   mpirun -np 4 mpi-perf -c allreduce -b 8 -e 64M -f 4 -d float32 -o sum --check
  *
- * Same options, defaults, check patterns and output (table or --json, with
- * "provider":"openmpi") as tools/chorus-perf.c, so that results compare line
- * by line: both take them from tools/perf_common.c. Only allreduce;
- * float16/bfloat16 are not offered. MPI has no avg: it is MPI_SUM followed by a local division by
- * the number of ranks (truncating for integer types), inside the timed call.
+ * Same options (less --algo), sizes, check patterns, run loop and output
+ * (table or --json, with "provider":"openmpi") as tools/chorus-perf.c, so
+ * that results compare line by line: both take them from
+ * tools/perf_common.c; this file only maps each collective to MPI:
  *
- * Per size: warmup calls, a synchronising call, timed calls. The time of a
- * size is the mean per call of the slowest rank (MAX over ranks). Bandwidths
- * use the definitions of nccl-tests, in GB/s of 1e9 bytes:
- *   algbw = bytes / time,  busbw = algbw * 2(n-1)/n
- * "#wrong" is the SUM over ranks of the elements that differ from the exact
- * result.
+ *   allreduce MPI_Allreduce      allgather MPI_Allgather   gather  MPI_Gather
+ *   bcast     MPI_Bcast          reduce_scatter            scatter MPI_Scatter
+ *   reduce    MPI_Reduce           MPI_Reduce_scatter_block barrier MPI_Barrier
+ *   alltoall  MPI_Alltoall       sendrecv MPI_Sendrecv (to rank+1, from rank-1)
+ *
+ * Where Chorus's conventions differ, the call does what Chorus's does, inside
+ * the timed call: out-of-place bcast copies sendbuf to recvbuf on the root
+ * (MPI_Bcast has one buffer); in-place reduce_scatter moves the block MPI
+ * leaves at the start of the buffer to rank*count; MPI has no avg: it is
+ * MPI_SUM followed by a local division by the number of ranks (truncating for
+ * integer types). float16/bfloat16 are not offered.
  */
 #include <mpi.h>
 
@@ -34,12 +38,13 @@
 static const struct perf_tool tool = {
     .name = PERF_NAME,
     .algo = PERF_ALGO,
-    .about = "Benchmark MPI_Allreduce over every rank of MPI_COMM_WORLD (launch with\n"
+    .about = "Benchmark MPI collectives over every rank of MPI_COMM_WORLD (launch with\n"
              "mpirun); rank 0 prints the results. The chorus-perf benchmark, over MPI.\n",
-    .coll_help = "  -c, --collective NAME  allreduce (default; the only one)\n",
-    .op_help = "; avg is MPI_SUM then\n"
-               "                         a local division, timed with the call",
-    .unavailable_fmt = "collective '%s' is not available in " PERF_NAME " (only allreduce is)",
+    .op_help = ";\n"
+               "                         avg is MPI_SUM then a local division, timed with the call",
+    .algo_help = NULL,
+    .algo_missing =
+        "--algo '%s' is not available in " PERF_NAME ": Open MPI picks its algorithms itself",
     .half = false,
 };
 
@@ -87,17 +92,12 @@ static const char *mpi_version(void) {
   return v;
 }
 
-/* ---- the run ---- */
+/* ---- the backend ---- */
 
-static void die_mpi(int rank, const char *what, size_t bytes, int rc) {
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
-    snprintf(msg, sizeof(msg), "MPI error %d", rc);
-  fprintf(stderr, PERF_NAME ": rank %d: %s (%zu bytes) failed: %s\n", rank, what, bytes, msg);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  exit(1);
-}
+struct mpi_ctx {
+  int rank, nranks;
+  char msg[MPI_MAX_ERROR_STRING + 32]; /* strerror's answer */
+};
 
 /* avg: the sum divided by the number of ranks, as Chorus defines it. */
 static void avg_divide(const struct perf_dtype_info *dt, void *buf, size_t count, int nranks) {
@@ -129,117 +129,116 @@ static void avg_divide(const struct perf_dtype_info *dt, void *buf, size_t count
   }
 }
 
-static int allreduce(const struct perf_options *opt, void *sendbuf, void *recvbuf, size_t count,
-                     int nranks) {
-  int rc = MPI_Allreduce(sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf, recvbuf, (int)count,
-                         mpi_dtype(opt->dtype->id), mpi_op(opt->op->id), MPI_COMM_WORLD);
-  if (rc == MPI_SUCCESS && opt->op->id == PERF_AVG)
-    avg_divide(opt->dtype, recvbuf, count, nranks);
+/* reduce_scatter in place: MPI reads the whole buffer (recvbuf - rank*count)
+ * and leaves the block at its start; Chorus leaves it at rank*count. */
+static int reduce_scatter(const struct mpi_ctx *x, const struct perf_call *c, MPI_Datatype t,
+                          MPI_Op op) {
+  size_t block = c->count * c->dtype->size * (size_t)x->rank;
+  int n = (int)c->count, rc;
+  if (!c->inplace)
+    return MPI_Reduce_scatter_block(c->sendbuf, c->recvbuf, n, t, op, MPI_COMM_WORLD);
+  rc = MPI_Reduce_scatter_block(MPI_IN_PLACE, (unsigned char *)c->recvbuf - block, n, t, op,
+                                MPI_COMM_WORLD);
+  if (rc == MPI_SUCCESS && block)
+    memmove(c->recvbuf, (unsigned char *)c->recvbuf - block, c->count * c->dtype->size);
   return rc;
 }
 
-/* Rank 0 alone prints; the others just take part in the reductions. */
-static int run(const struct perf_options *opt, int rank, int nranks, unsigned char *sendbuf,
-               unsigned char *recvbuf, double *expect) {
-  const struct perf_dtype_info *dt = opt->dtype;
-  const char *provider = PERF_PROVIDER;
-  struct perf_pattern pt = perf_pattern_make(dt, opt->op->id, nranks);
-  void *rb = opt->inplace ? (void *)sendbuf : (void *)recvbuf; /* the result */
-  double busbw_sum = 0.0;
-  int64_t wrong_total = 0;
-  int rows = 0, rc;
-
-  perf_pattern_expect(&pt, dt, expect);
-  if (rank == 0 && !opt->json)
-    perf_print_header(&tool, opt, mpi_version(), nranks, provider);
-
-  /* Start-up warmup, untimed (skipped with -w 0): one call at the largest size
-   * touches every buffer and transport path, then a burst of small calls lets
-   * freshly started ranks settle before the first size is timed; without it
-   * the first size often absorbs milliseconds of start-up noise. */
-  if (opt->warmup != 0) {
-    size_t maxcount = opt->maxbytes / dt->size;
-    size_t mincount = opt->minbytes / dt->size ? opt->minbytes / dt->size : 1;
-    perf_pattern_fill(&pt, dt, rank, sendbuf, maxcount);
-    rc = allreduce(opt, sendbuf, rb, maxcount, nranks);
-    if (rc)
-      die_mpi(rank, "start-up warmup allreduce", maxcount * dt->size, rc);
-    for (int i = 0; i < 20; i++) {
-      rc = allreduce(opt, sendbuf, rb, mincount, nranks);
-      if (rc)
-        die_mpi(rank, "start-up warmup allreduce", mincount * dt->size, rc);
-    }
+static int mpi_call(void *ctx, const struct perf_call *c) {
+  struct mpi_ctx *x = ctx;
+  MPI_Datatype t = c->coll->layout == PERF_LAYOUT_NONE ? MPI_BYTE : mpi_dtype(c->dtype->id);
+  MPI_Op op = mpi_op(c->op);
+  MPI_Comm w = MPI_COMM_WORLD;
+  void *sb = (void *)c->sendbuf; /* MPI-3 takes const; older headers do not */
+  int n = (int)c->count, rc;
+  bool avg = c->coll->reduces && c->op == PERF_AVG;
+  switch (c->coll->id) {
+  case PERF_ALLREDUCE:
+    rc = MPI_Allreduce(c->inplace ? MPI_IN_PLACE : sb, c->recvbuf, n, t, op, w);
+    if (rc == MPI_SUCCESS && avg)
+      avg_divide(c->dtype, c->recvbuf, c->count, x->nranks);
+    return rc;
+  case PERF_BCAST:
+    if (c->inplace || x->rank != c->root)
+      return MPI_Bcast(c->recvbuf, n, t, c->root, w);
+    rc = MPI_Bcast(sb, n, t, c->root, w);
+    if (rc == MPI_SUCCESS)
+      memcpy(c->recvbuf, c->sendbuf, c->count * c->dtype->size);
+    return rc;
+  case PERF_REDUCE:
+    rc = MPI_Reduce(sb, c->recvbuf, n, t, op, c->root, w);
+    if (rc == MPI_SUCCESS && avg && x->rank == c->root)
+      avg_divide(c->dtype, c->recvbuf, c->count, x->nranks);
+    return rc;
+  case PERF_ALLGATHER:
+    if (c->inplace)
+      return MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, c->recvbuf, n, t, w);
+    return MPI_Allgather(sb, n, t, c->recvbuf, n, t, w);
+  case PERF_REDUCE_SCATTER:
+    rc = reduce_scatter(x, c, t, op);
+    if (rc == MPI_SUCCESS && avg)
+      avg_divide(c->dtype, c->recvbuf, c->count, x->nranks);
+    return rc;
+  case PERF_ALLTOALL:
+    return MPI_Alltoall(sb, n, t, c->recvbuf, n, t, w);
+  case PERF_GATHER:
+    return MPI_Gather(sb, n, t, c->recvbuf, n, t, c->root, w);
+  case PERF_SCATTER:
+    return MPI_Scatter(sb, n, t, c->recvbuf, n, t, c->root, w);
+  case PERF_BARRIER:
+    return MPI_Barrier(w);
+  case PERF_SENDRECV:
+    return MPI_Sendrecv(sb, n, t, (x->rank + 1) % x->nranks, 0, c->recvbuf, n, t,
+                        (x->rank + x->nranks - 1) % x->nranks, 0, w, MPI_STATUS_IGNORE);
+  default:
+    return MPI_ERR_OP;
   }
+}
 
-  for (size_t bytes = opt->minbytes; bytes <= opt->maxbytes;) {
-    size_t count = bytes / dt->size;
-    if (count > 0) {
-      struct perf_row r = {.bytes = count * dt->size, .count = count, .wrong = -1};
-      int iters = opt->iters > 0 ? opt->iters : perf_default_iters(r.bytes);
-      int warmup = opt->warmup >= 0 ? opt->warmup : perf_default_warmup(r.bytes);
-      double t0, local, slowest, one = 1.0, sync;
+static int mpi_max_double(void *ctx, double *v) {
+  (void)ctx;
+  return MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+}
 
-      perf_pattern_fill(&pt, dt, rank, sendbuf, count);
-      for (int i = 0; i < warmup; i++) {
-        rc = allreduce(opt, sendbuf, rb, count, nranks);
-        if (rc)
-          die_mpi(rank, "warmup allreduce", r.bytes, rc);
-      }
-      /* start the clocks together, the same way chorus-perf does */
-      rc = MPI_Allreduce(&one, &sync, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      if (rc)
-        die_mpi(rank, "synchronising allreduce", sizeof(one), rc);
-      t0 = perf_now_s();
-      for (int i = 0; i < iters; i++) {
-        rc = allreduce(opt, sendbuf, rb, count, nranks);
-        if (rc)
-          die_mpi(rank, "timed allreduce", r.bytes, rc);
-      }
-      local = (perf_now_s() - t0) / iters;
-      rc = MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      if (rc)
-        die_mpi(rank, "allreduce of the timings", sizeof(local), rc);
+static int mpi_sum_int64(void *ctx, int64_t *v) {
+  (void)ctx;
+  return MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+}
 
-      if (opt->check) {
-        int64_t wrong, wrong_sum;
-        perf_pattern_fill(&pt, dt, rank, sendbuf, count);
-        if (!opt->inplace)
-          memset(recvbuf, 0xff, r.bytes);
-        rc = allreduce(opt, sendbuf, rb, count, nranks);
-        if (rc)
-          die_mpi(rank, "checked allreduce", r.bytes, rc);
-        wrong = (int64_t)perf_pattern_count_wrong(&pt, dt, expect, rb, count);
-        rc = MPI_Allreduce(&wrong, &wrong_sum, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-        if (rc)
-          die_mpi(rank, "allreduce of the wrong counts", sizeof(wrong), rc);
-        r.wrong = wrong_sum;
-        wrong_total += wrong_sum;
-      }
+static const char *mpi_err(void *ctx, int rc) {
+  struct mpi_ctx *x = ctx;
+  int len = 0;
+  if (MPI_Error_string(rc, x->msg, &len) != MPI_SUCCESS)
+    snprintf(x->msg, sizeof(x->msg), "MPI error %d", rc);
+  return x->msg;
+}
 
-      r.time_us = slowest * 1e6;
-      r.algbw = slowest > 0.0 ? (double)r.bytes / slowest / 1e9 : 0.0;
-      r.busbw = r.algbw * opt->coll->bus_factor(nranks);
-      busbw_sum += r.busbw;
-      rows++;
-      if (rank == 0)
-        perf_print_row(&tool, opt, nranks, provider, &r);
-    }
-    if (bytes > opt->maxbytes / opt->factor || opt->factor < 2)
-      break;
-    bytes *= opt->factor;
-  }
+static const char *mpi_algo(void *ctx) {
+  (void)ctx;
+  return PERF_ALGO;
+}
 
-  if (rank == 0)
-    perf_print_footer(opt, rows, busbw_sum, wrong_total);
-  return wrong_total ? 1 : 0;
+static void mpi_die(void *ctx) {
+  (void)ctx;
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  exit(1);
 }
 
 int main(int argc, char **argv) {
   struct perf_options opt;
+  struct mpi_ctx ctx = {0};
+  struct perf_backend be = {.version = NULL,
+                            .provider = PERF_PROVIDER,
+                            .call = mpi_call,
+                            .max_double = mpi_max_double,
+                            .sum_int64 = mpi_sum_int64,
+                            .strerror = mpi_err,
+                            .last_algo = mpi_algo,
+                            .abort = mpi_die,
+                            .ctx = &ctx};
   unsigned char *sendbuf = NULL, *recvbuf = NULL;
-  double *expect = NULL;
   size_t maxcount, bufbytes;
-  int exit_code, rank, nranks, rc;
+  int exit_code, rc;
 
   if (!perf_parse_args(&tool, argc, argv, &opt, &exit_code))
     return exit_code;
@@ -252,15 +251,13 @@ int main(int argc, char **argv) {
   }
   bufbytes = maxcount * opt.dtype->size;
   if (posix_memalign((void **)&sendbuf, 4096, bufbytes) ||
-      (!opt.inplace && posix_memalign((void **)&recvbuf, 4096, bufbytes))) {
-    fprintf(stderr, PERF_NAME ": cannot allocate %s%zu bytes of buffers\n",
-            opt.inplace ? "" : "2 x ", bufbytes);
+      posix_memalign((void **)&recvbuf, 4096, bufbytes)) {
+    fprintf(stderr, PERF_NAME ": cannot allocate 2 x %zu bytes of buffers\n", bufbytes);
     free(sendbuf);
     return 1;
   }
   memset(sendbuf, 0, bufbytes);
-  if (recvbuf)
-    memset(recvbuf, 0, bufbytes);
+  memset(recvbuf, 0, bufbytes);
 
   rc = MPI_Init(&argc, &argv);
   if (rc != MPI_SUCCESS) {
@@ -269,19 +266,16 @@ int main(int argc, char **argv) {
     goto out_free_bufs;
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-  expect = calloc((size_t)nranks > 13 ? (size_t)nranks : 13, sizeof(*expect));
-  if (!expect) {
-    fprintf(stderr, PERF_NAME ": rank %d: out of memory\n", rank);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &ctx.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ctx.nranks);
+  be.version = mpi_version();
+  be.rank = ctx.rank;
+  be.nranks = ctx.nranks;
 
-  exit_code = run(&opt, rank, nranks, sendbuf, recvbuf, expect);
+  exit_code = perf_run(&tool, &be, &opt, sendbuf, recvbuf);
 
   MPI_Finalize();
 out_free_bufs:
-  free(expect);
   free(recvbuf);
   free(sendbuf);
   return exit_code;
