@@ -1,0 +1,153 @@
+/*
+ * chorus_mem_alloc: its API, and allreduce over shm reading peers' mapped
+ * buffers in place (borrowed receives) or copying out of them, with the
+ * results exact whether some, all or none of the ranks use such buffers.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "chorus.h"
+#include "comm.h"
+#include "mp.h"
+#include "prov.h"
+
+Test(mem, bad_input) {
+  void *p = (void *)1;
+  cr_assert_eq(chorus_mem_alloc(NULL, 64), CHORUS_ERR_INVALID_ARG);
+  cr_assert(strstr(chorus_last_error(), "ptr is NULL"), "%s", chorus_last_error());
+  cr_assert_eq(chorus_mem_alloc(&p, 0), CHORUS_ERR_INVALID_ARG);
+  cr_assert_null(p);
+  cr_assert(strstr(chorus_last_error(), "0 bytes"), "%s", chorus_last_error());
+  cr_assert_eq(chorus_mem_alloc(&p, SIZE_MAX), CHORUS_ERR_NO_MEMORY);
+  cr_assert_null(p);
+  int x;
+  cr_assert_eq(chorus_mem_free(&x), CHORUS_ERR_INVALID_ARG);
+  cr_assert(strstr(chorus_last_error(), "not a buffer from chorus_mem_alloc"), "%s",
+            chorus_last_error());
+  cr_assert_eq(chorus_mem_free(NULL), CHORUS_SUCCESS);
+  cr_assert_eq(chorus_mem_alloc(&p, 100), CHORUS_SUCCESS);
+  cr_assert_eq(chorus_mem_free((char *)p + 8), CHORUS_ERR_INVALID_ARG, "inside, not the start");
+  cr_assert_eq(chorus_mem_free(p), CHORUS_SUCCESS);
+  cr_assert_eq(chorus_mem_free(p), CHORUS_ERR_INVALID_ARG, "freed twice");
+}
+
+Test(mem, many_regions_no_fd_growth) {
+  enum { N = 40 };
+  void *p[N];
+  int fds = mp_count_fds();
+  for (int round = 0; round < 50; round++) {
+    for (int i = 0; i < N; i++) {
+      cr_assert_eq(chorus_mem_alloc(&p[i], 1000 + (size_t)i * 4096), CHORUS_SUCCESS);
+      memset(p[i], i, 1000 + (size_t)i * 4096);
+    }
+    for (int i = 0; i < N; i++)
+      cr_assert_eq(((unsigned char *)p[i])[999], (unsigned char)i);
+    /* free in a scrambled order: the registry stays sorted */
+    for (int i = 0; i < N; i++)
+      cr_assert_eq(chorus_mem_free(p[(i * 7) % N]), CHORUS_SUCCESS);
+  }
+  cr_assert_eq(mp_count_fds(), fds, "file descriptors leaked");
+}
+
+struct mem_case {
+  int registered_mask; /* bit r: rank r uses chorus_mem_alloc */
+};
+
+static void *buf_alloc(bool reg, size_t bytes) {
+  void *p = NULL;
+  if (reg)
+    return chorus_mem_alloc(&p, bytes) ? NULL : p;
+  return posix_memalign(&p, 64, bytes) ? NULL : p;
+}
+
+static void buf_free(bool reg, void *p) {
+  if (reg)
+    chorus_mem_free(p);
+  else
+    free(p);
+}
+
+static int mem_rank(int rank, int size, const char *addr, void *arg) {
+  const struct mem_case *mc = arg;
+  bool reg = mc->registered_mask >> rank & 1;
+  static const size_t counts[] = {16384, 1000003, 4u << 20};
+  chorus_comm_t *c;
+  int bad = 0;
+
+  if (chorus_comm_init(&c, rank, size, addr)) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
+    return 1;
+  }
+  for (size_t k = 0; k < 3 && !bad; k++)
+    for (int inplace = 0; inplace < 2 && !bad; inplace++)
+      for (int dt = 0; dt < 2 && !bad; dt++) {
+        chorus_dtype dtype = dt ? CHORUS_BFLOAT16 : CHORUS_FLOAT32;
+        chorus_op op = dt ? CHORUS_AVG : CHORUS_SUM;
+        size_t n = counts[k], bytes = n * chorus_dtype_size(dtype);
+        void *in = buf_alloc(reg, bytes), *out = inplace ? in : buf_alloc(reg, bytes);
+        if (!in || !out) {
+          fprintf(stderr, "rank %d: out of memory\n", rank);
+          return 1;
+        }
+        /* twice over the same buffers: the second run reuses the mappings */
+        for (int rep = 0; rep < 2 && !bad; rep++) {
+          chk_fill(in, n, dtype, op, rank);
+          if (!inplace)
+            memset(out, 0xA5, bytes);
+          chorus_result rc = chorus_allreduce(c, in, out, n, dtype, op);
+          if (rc) {
+            fprintf(stderr, "rank %d: allreduce: %s\n", rank, chorus_comm_last_error(c));
+            bad = 1;
+          } else if (chk_verify(out, n, dtype, op, size, rank, reg ? "registered" : "malloc")) {
+            bad = 1;
+          }
+        }
+        if (!inplace)
+          buf_free(reg, out);
+        buf_free(reg, in);
+      }
+  /* Which path the data took: a rank reads its left neighbour's memory. */
+  prov_ofi_rndv_stats_t st;
+  if (!bad && size > 1 && prov_ofi_rndv_stats(c->prov, &st) == 0) {
+    bool left_reg = mc->registered_mask >> ((rank + size - 1) % size) & 1;
+    if (left_reg && (st.borrowed_bytes == 0 || st.mapped_bytes == 0 || st.cma_bytes != 0)) {
+      fprintf(stderr,
+              "rank %d: peer's buffers are mappable but borrowed %llu mapped %llu cma %llu\n", rank,
+              (unsigned long long)st.borrowed_bytes, (unsigned long long)st.mapped_bytes,
+              (unsigned long long)st.cma_bytes);
+      bad = 1;
+    }
+    if (!left_reg && (st.borrowed_bytes || st.mapped_bytes || st.cma_bytes == 0)) {
+      fprintf(stderr, "rank %d: peer's buffers are plain but borrowed %llu mapped %llu\n", rank,
+              (unsigned long long)st.borrowed_bytes, (unsigned long long)st.mapped_bytes);
+      bad = 1;
+    }
+  }
+  if (chorus_comm_destroy(c))
+    bad = 1;
+  return bad;
+}
+
+static void run(int n, int mask) {
+  struct mem_case mc = {mask};
+  const char *envs[] = {"CHORUS_PROVIDER=shm", NULL};
+  mp_result_t r = mp_run(n, mem_rank, &mc, 240, envs);
+  cr_assert_eq(r.timed_out, 0, "%d ranks, mask %#x: timed out", n, mask);
+  cr_assert_eq(r.failed, 0, "%d ranks, mask %#x: %d rank(s) failed", n, mask, r.failed);
+}
+
+Test(mem, allreduce_all_registered_2) {
+  run(2, 0x3);
+}
+Test(mem, allreduce_all_registered_3) {
+  run(3, 0x7);
+}
+Test(mem, allreduce_some_registered_3) {
+  run(3, 0x5);
+}
+Test(mem, allreduce_none_registered_2) {
+  run(2, 0x0);
+}
