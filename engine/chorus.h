@@ -166,7 +166,12 @@ CHORUS_API chorus_result chorus_iallreduce(chorus_comm_t *comm, const void *send
  *   gather          sendbuf[count] -> recvbuf[nranks*count] on the root
  *   scatter         root's sendbuf[nranks*count] -> recvbuf[count]
  *   barrier         returns once every rank entered it
- *   send / recv     point to point, matched in call order per (peer, comm)
+ *   send / recv     point to point, matched in call order per (peer, comm),
+ *                   whatever collectives run meanwhile; peer may not be the
+ *                   caller itself; count 0 moves nothing
+ * A buffer a rank ignores (the root-only ones above) is never touched there.
+ * Overlapping send and receive buffers other than the in-place forms fail
+ * with CHORUS_ERR_INVALID_ARG.
  */
 CHORUS_API chorus_result chorus_bcast(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
                                       size_t count, chorus_dtype dtype, int root);
@@ -218,7 +223,9 @@ CHORUS_API chorus_result chorus_irecv(chorus_comm_t *comm, void *buf, size_t cou
 /*
  * Fused allreduce of nbufs buffers (gradient bucketing, as DDP does): one
  * schedule reduces them all, in place when sendbufs[i] == recvbufs[i].
- * Every rank passes the same counts in the same order.
+ * Every rank passes the same counts in the same order. Receive buffers must
+ * not overlap each other nor another index's send buffer; buffers of count
+ * 0 may be NULL. One request covers the whole call.
  */
 CHORUS_API chorus_result chorus_allreduce_multi(chorus_comm_t *comm, const void *const *sendbufs,
                                                 void *const *recvbufs, const size_t *counts,
@@ -236,7 +243,14 @@ CHORUS_API chorus_result chorus_iallreduce_multi(chorus_comm_t *comm,
  * outermost chorus_group_end() starts them all together (so a send and a
  * receive between two ranks cannot deadlock) and waits for all of them; it
  * returns the first failure. Requests from nonblocking calls inside a group
- * stay valid and complete as usual.
+ * stay valid and complete as usual; until the outermost group_end they can
+ * be tested (not done) but not waited for (CHORUS_ERR_INVALID_REQUEST).
+ * The buffers of every queued call, blocking ones included, must stay valid
+ * until that group_end returns. A call that fails its argument checks
+ * returns the error at once and queues nothing; group_end returns it too.
+ * Destroying a communicator inside a group fails its queued calls
+ * (CHORUS_ERR_INVALID_COMM) and frees their requests. group_end without a
+ * group is CHORUS_ERR_INVALID_ARG.
  */
 CHORUS_API chorus_result chorus_group_start(void);
 CHORUS_API chorus_result chorus_group_end(void);

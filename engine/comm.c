@@ -26,6 +26,7 @@
 #include "endpoint.pb-c.h"
 #include "eng.h"
 #include "fsm.h"
+#include "topo.h"
 
 /* ---- errors ---- */
 
@@ -61,6 +62,9 @@ struct eng_local_job {
   unsigned generation;
   void **slots; /* allgather contributions */
   size_t *lens;
+  /* Jobs made by chorus_comm_split belong to their communicators: the
+   * last one destroyed frees the job. 0 for jobs their creator frees. */
+  atomic_int comm_refs;
 };
 
 eng_local_job_t *eng_local_job_create(int nranks) {
@@ -78,6 +82,19 @@ eng_local_job_t *eng_local_job_create(int nranks) {
   pthread_mutex_init(&j->lock, NULL);
   pthread_cond_init(&j->cond, NULL);
   return j;
+}
+
+eng_local_job_t *eng_local_job_create_shared(int nranks) {
+  eng_local_job_t *j = eng_local_job_create(nranks);
+  if (j)
+    atomic_store(&j->comm_refs, nranks);
+  return j;
+}
+
+/* A communicator lets go of its job (after closing its endpoint). */
+static void local_job_release(eng_local_job_t *j) {
+  if (j && atomic_load(&j->comm_refs) > 0 && atomic_fetch_sub(&j->comm_refs, 1) == 1)
+    eng_local_job_destroy(j);
 }
 
 void eng_local_job_destroy(eng_local_job_t *j) {
@@ -143,8 +160,8 @@ static int local_allgather(eng_local_job_t *j, int rank, const void *mine, size_
   return 0;
 }
 
-static int comm_allgather(chorus_comm_t *c, const void *mine, size_t len, void ***ptrs,
-                          size_t **lens, double timeout_s) {
+chorus_result comm_allgather(chorus_comm_t *c, const void *mine, size_t len, void ***ptrs,
+                             size_t **lens, double timeout_s) {
   char err[1024];
   int rc;
 
@@ -152,6 +169,8 @@ static int comm_allgather(chorus_comm_t *c, const void *mine, size_t len, void *
     rc = local_allgather(c->local, c->rank, mine, len, ptrs, lens);
     return rc ? comm_error(c, CHORUS_ERR_NO_MEMORY, "allgather: out of memory") : 0;
   }
+  if (!c->boot) /* made by chorus_comm_split: over its own transport */
+    return comm_xport_allgather(c, mine, len, ptrs, lens);
   rc = boot_allgather(c->boot, mine, len, ptrs, lens, timeout_s, err, sizeof(err));
   return rc ? comm_error(c, (chorus_result)rc, "%s", err) : 0;
 }
@@ -187,15 +206,99 @@ static size_t start_commands(chorus_comm_t *c) {
     exec_t *ex = exec_create(&c->ex, req->plan, req->sendbuf, req->recvbuf, req->seq,
                              request_exec_done, req);
     if (!ex) {
-      comm_error(c, CHORUS_ERR_NO_MEMORY, "allreduce #%u: out of memory starting the run",
-                 req->seq);
+      comm_error(c, CHORUS_ERR_NO_MEMORY, "%s #%u: out of memory starting the run",
+                 coll_kind_str(req->coll), req->seq);
       request_complete(req, CHORUS_ERR_NO_MEMORY);
       continue;
     }
+    exec_set_extra(ex, req->xbufs, req->msg_or);
     exec_start(&c->ex, ex);
     n++;
   }
   return n;
+}
+
+/* One round of progress: transport, new commands, runs. Under prog_lock. */
+static size_t progress_once(chorus_comm_t *c) {
+  prov_t *p = c->prov;
+  size_t n = 0;
+  int pc = p->ops->progress(p);
+
+  if (pc > 0)
+    n += (size_t)pc;
+  else if (pc < 0 && !exec_idle(&c->ex)) {
+    comm_error(c, CHORUS_ERR_TRANSPORT, "transport progress failed: %s", strerror(-pc));
+    exec_fail_all(&c->ex, CHORUS_ERR_TRANSPORT);
+  }
+  if (atomic_load_explicit(&c->cmd_pending, memory_order_acquire))
+    n += start_commands(c);
+  n += exec_drive(&c->ex);
+  return n;
+}
+
+void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds) {
+  uint64_t idle_since = 0;
+  unsigned spins = 0, rounds = 0;
+
+  while (!atomic_load_explicit(flag, memory_order_acquire)) {
+    if (pthread_mutex_trylock(&c->prog_lock) == 0) {
+      prov_t *p = c->prov;
+      bool was_armed = c->armed;
+      /* the progress thread sleeps: while we poll, peers need not ring it */
+      if (was_armed) {
+        p->ops->disarm(p);
+        c->armed = false;
+      }
+      while (!atomic_load_explicit(flag, memory_order_acquire)) {
+        size_t n = progress_once(c);
+        if (max_rounds && ++rounds >= max_rounds)
+          break;
+        if (n) {
+          idle_since = 0;
+          continue;
+        }
+        if ((++spins & 15) == 0) {
+          uint64_t now = fsm_now_ns();
+          if (!idle_since)
+            idle_since = now;
+          else if (now - idle_since > idle_ns)
+            break;
+          sched_yield();
+        }
+      }
+      /* The progress thread sleeps (it set `sleeping` under this lock):
+       * whatever is still in flight must be able to wake it. */
+      if (was_armed || atomic_load(&c->sleeping)) {
+        bool quiet = !atomic_load(&c->cmd_pending) && !c->ex.stalled;
+        if (quiet && exec_idle(&c->ex)) {
+          /* Nothing in flight: leave the transport disarmed (re-arming
+           * costs system calls on every call, and nobody needs waking
+           * until the application calls again; the sleeper's idle timer
+           * re-arms it anyway). */
+          p->ops->progress(p); /* flush what the transport still owes peers */
+        } else if (quiet && (c->armed || p->ops->arm(p) == 0)) {
+          c->armed = true;
+        } else {
+          uint64_t one = 1;
+          if (write(c->cmd_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+            eng_log(ENG_WARN, c->rank, "progress", "eventfd write: %s", strerror(errno));
+        }
+      }
+      pthread_mutex_unlock(&c->prog_lock);
+      return;
+    }
+    /* the progress thread is at work: let it */
+    if (max_rounds)
+      return;
+    if ((++spins & 63) == 0) {
+      uint64_t now = fsm_now_ns();
+      if (!idle_since)
+        idle_since = now;
+      else if (now - idle_since > idle_ns)
+        return;
+      sched_yield();
+    }
+  }
 }
 
 static void *progress_main(void *arg) {
@@ -205,18 +308,9 @@ static void *progress_main(void *arg) {
   uint64_t idle_since = 0;
   unsigned backoff_us = 16;
 
+  pthread_mutex_lock(&c->prog_lock);
   while (!atomic_load(&c->stop)) {
-    size_t n = 0;
-    int pc = p->ops->progress(p);
-    if (pc > 0)
-      n += (size_t)pc;
-    else if (pc < 0 && !exec_idle(&c->ex)) {
-      comm_error(c, CHORUS_ERR_TRANSPORT, "transport progress failed: %s", strerror(-pc));
-      exec_fail_all(&c->ex, CHORUS_ERR_TRANSPORT);
-    }
-    if (atomic_load_explicit(&c->cmd_pending, memory_order_acquire))
-      n += start_commands(c);
-    n += exec_drive(&c->ex);
+    size_t n = progress_once(c);
     if (n) {
       idle_since = 0;
       backoff_us = 16;
@@ -226,7 +320,10 @@ static void *progress_main(void *arg) {
     if (!idle_since)
       idle_since = now;
     if (now - idle_since < spin_ns) {
+      /* let a waiting application thread take over */
+      pthread_mutex_unlock(&c->prog_lock);
       sched_yield();
+      pthread_mutex_lock(&c->prog_lock);
       continue;
     }
 
@@ -237,6 +334,7 @@ static void *progress_main(void *arg) {
       atomic_store(&c->sleeping, 0);
       continue;
     }
+    c->armed = true;
     struct timeval tv;
     if (p->ops->wait_fd(p) < 0 || c->ex.stalled) {
       /* the transport can not wake us, or a post met -EAGAIN (a connection
@@ -251,17 +349,25 @@ static void *progress_main(void *arg) {
       tv.tv_usec = exec_idle(&c->ex) ? 0 : 100000;
     }
     evtimer_add(c->ev_timer, &tv);
+    pthread_mutex_unlock(&c->prog_lock);
     event_base_loop(c->base, EVLOOP_ONCE);
+    pthread_mutex_lock(&c->prog_lock);
     evtimer_del(c->ev_timer);
-    p->ops->disarm(p);
+    if (c->armed) {
+      p->ops->disarm(p);
+      c->armed = false;
+    }
     atomic_store(&c->sleeping, 0);
     idle_since = 0;
   }
+  pthread_mutex_unlock(&c->prog_lock);
   return NULL;
 }
 
 static void progress_wake(chorus_comm_t *c) {
   uint64_t one = 1;
+  if (c->no_wake)
+    return; /* the caller drives this one itself (comm_drive_until) */
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load(&c->sleeping) && write(c->cmd_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
     eng_log(ENG_WARN, c->rank, "progress", "eventfd write: %s", strerror(errno));
@@ -317,7 +423,7 @@ static void progress_stop(chorus_comm_t *c) {
 
 /* ---- creation ---- */
 
-static chorus_comm_t *comm_alloc(int rank, int size) {
+chorus_comm_t *comm_alloc(int rank, int size) {
   chorus_comm_t *c = calloc(1, sizeof(*c));
   if (!c)
     return NULL;
@@ -325,26 +431,25 @@ static chorus_comm_t *comm_alloc(int rank, int size) {
   c->size = size;
   c->cmd_fd = -1;
   pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->prog_lock, NULL);
   pthread_cond_init(&c->cond, NULL);
   strcpy(c->last_error, "no error");
   return c;
 }
 
-static void comm_free(chorus_comm_t *c) {
+void comm_free(chorus_comm_t *c) {
   progress_stop(c);
   if (c->prov)
     c->prov->ops->close(c->prov);
+  local_job_release(c->local);
+  topo_free(c->topo);
+  plan_free(c->ctl_plan);
   exec_ctx_fini(&c->ex);
   if (c->boot)
     boot_close(c->boot);
-  for (int i = 0; i < COMM_PLAN_CACHE; i++)
-    plan_free(c->plans[i].plan);
-  while (c->live) {
-    chorus_request_t *r = c->live;
-    c->live = r->next_live;
-    free(r);
-  }
+  coll_comm_fini(c);
   pthread_mutex_destroy(&c->lock);
+  pthread_mutex_destroy(&c->prog_lock);
   pthread_cond_destroy(&c->cond);
   free(c);
 }
@@ -366,18 +471,88 @@ static void global_init(const chorus_settings_t *s) {
   eng_log_level = s->log_level;
 }
 
-/* Publish our endpoint, learn everyone's, insert them into the transport. */
-static chorus_result exchange_endpoints(chorus_comm_t *c, const char *host) {
-  uint8_t addr[512];
-  size_t alen = sizeof(addr);
-  void **ptrs = NULL;
-  size_t *lens = NULL;
-  const void **addrs = NULL;
-  size_t *alens = NULL;
-  Chorus__Ep__Endpoint **eps = NULL;
+/* ---- topology and transport ---- */
+
+/* c->topo for a communicator made from scratch: the bootstrap's table of
+ * hosts (one host for an in-process job), cut further by CHORUS_TOPO. */
+static chorus_result comm_topo_init(chorus_comm_t *c) {
+  char err[512];
+  int *labels = malloc((size_t)c->size * sizeof(*labels));
+  const char **hosts = malloc((size_t)c->size * sizeof(*hosts));
+  topo_t *real = NULL, *emu = NULL;
   chorus_result ret = CHORUS_SUCCESS;
+
+  if (!labels || !hosts) {
+    ret = comm_error(c, CHORUS_ERR_NO_MEMORY, "out of memory");
+    goto out;
+  }
+  if (topo_parse(c->set.topo, c->size, labels, err, sizeof(err))) {
+    ret = comm_error(c, CHORUS_ERR_ENV, "%s", err);
+    goto out;
+  }
+  emu = topo_from_labels(labels, c->size);
+  if (c->boot) {
+    for (int r = 0; r < c->size; r++)
+      hosts[r] = boot_host_of(c->boot, r);
+    real = topo_from_hosts(hosts, c->size);
+  }
+  c->topo = emu && (real || !c->boot) ? topo_refine(real, emu, c->size) : NULL;
+  if (!c->topo) {
+    ret = comm_error(c, CHORUS_ERR_NO_MEMORY, "out of memory");
+    goto out;
+  }
+  if (eng_log_level >= ENG_DEBUG) {
+    char d[256];
+    topo_describe(c->topo, d, sizeof(d));
+    eng_log(ENG_DEBUG, c->rank, "comm", "topology: %s", d);
+  }
+out:
+  topo_free(real);
+  topo_free(emu);
+  free(hosts);
+  free(labels);
+  return ret;
+}
+
+/* Transport: CHORUS_PROVIDER for everything when set; else by topology:
+ * shm on one host, tcp when no two ranks share a host, and otherwise shm
+ * inside each host with tcp between hosts (prov_multi). */
+static const char *choose_provider(const chorus_comm_t *c) {
+  if (c->local)
+    return "inproc";
+  if (c->set.provider[0])
+    return c->set.provider;
+  if (!c->topo || c->topo->nhosts <= 1)
+    return "shm";
+  if (topo_one_rank_per_host(c->topo))
+    return "tcp";
+  return "shm+tcp";
+}
+
+chorus_result comm_open_transport(chorus_comm_t *c) {
+  char err[1024] = "";
+  const char *name = choose_provider(c);
+  const char *job_id = c->set.job_token[0] ? c->set.job_token : "chorus";
+  prov_config_t cfg = {.name = name,
+                       .rank = c->rank,
+                       .nranks = c->size,
+                       .job_id = job_id,
+                       .inproc_world = c->local ? c->local->world : NULL,
+                       .host_of = c->topo ? c->topo->host_of : NULL};
+  int rc = prov_open(&cfg, &c->prov, err, sizeof(err));
+  if (rc)
+    return comm_error(c, CHORUS_ERR_TRANSPORT, "opening transport '%s' failed: %s", name, err);
+  return CHORUS_SUCCESS;
+}
+
+chorus_result comm_pack_endpoint(chorus_comm_t *c, const char *host, uint8_t **out,
+                                 size_t *outlen) {
+  uint8_t addr[2048];
+  size_t alen = sizeof(addr);
   int rc;
 
+  *out = NULL;
+  *outlen = 0;
   rc = c->prov->ops->getname(c->prov, addr, &alen);
   if (rc)
     return comm_error(c, CHORUS_ERR_TRANSPORT, "transport %s: getname failed: %s", c->prov->name,
@@ -394,10 +569,24 @@ static chorus_result exchange_endpoints(chorus_comm_t *c, const char *host) {
   if (!packed)
     return comm_error(c, CHORUS_ERR_NO_MEMORY, "out of memory");
   chorus__ep__endpoint__pack(&me, packed);
-  ret = (chorus_result)comm_allgather(c, packed, plen, &ptrs, &lens, c->set.connect_timeout_s);
-  free(packed);
-  if (ret)
-    return ret;
+  *out = packed;
+  *outlen = plen;
+  return CHORUS_SUCCESS;
+}
+
+/* The CHORUS_TOPO part of a record's host field ("identity|spec"). */
+static const char *record_topo(const char *host) {
+  const char *bar = host ? strchr(host, '|') : NULL;
+  return bar ? bar + 1 : "";
+}
+
+chorus_result comm_add_peer_records(chorus_comm_t *c, void *const *recs, const size_t *lens,
+                                    const int *members, bool check_topo) {
+  const void **addrs = NULL;
+  size_t *alens = NULL;
+  Chorus__Ep__Endpoint **eps = NULL;
+  chorus_result ret = CHORUS_SUCCESS;
+  int rc;
 
   eps = calloc((size_t)c->size, sizeof(*eps));
   addrs = calloc((size_t)c->size, sizeof(*addrs));
@@ -406,10 +595,27 @@ static chorus_result exchange_endpoints(chorus_comm_t *c, const char *host) {
     ret = comm_error(c, CHORUS_ERR_NO_MEMORY, "out of memory");
     goto out;
   }
+  const char *my_topo = "";
   for (int i = 0; i < c->size; i++) {
-    eps[i] = chorus__ep__endpoint__unpack(NULL, lens[i], ptrs[i]);
+    int k = members ? members[i] : i;
+    if (lens[k] == 0) {
+      ret = comm_error(c, CHORUS_ERR_TRANSPORT, "rank %d could not open its transport", i);
+      goto out;
+    }
+    eps[i] = chorus__ep__endpoint__unpack(NULL, lens[k], recs[k]);
     if (!eps[i] || eps[i]->rank != (uint32_t)i) {
       ret = comm_error(c, CHORUS_ERR_BOOTSTRAP, "malformed endpoint record from rank %d", i);
+      goto out;
+    }
+    if (i == c->rank)
+      my_topo = record_topo(eps[i]->host);
+  }
+  for (int i = 0; i < c->size; i++) {
+    if (check_topo && strcmp(record_topo(eps[i]->host), my_topo) != 0) {
+      ret = comm_error(c, CHORUS_ERR_ENV,
+                       "rank %d runs with CHORUS_TOPO=\"%s\" but rank %d with \"%s\": set the "
+                       "same CHORUS_TOPO on every rank",
+                       i, record_topo(eps[i]->host), c->rank, my_topo);
       goto out;
     }
     if (strcmp(eps[i]->provider, c->prov->name) != 0) {
@@ -424,8 +630,9 @@ static chorus_result exchange_endpoints(chorus_comm_t *c, const char *host) {
   }
   rc = c->prov->ops->add_peers(c->prov, addrs, alens, c->size);
   if (rc)
-    ret = comm_error(c, CHORUS_ERR_TRANSPORT, "transport %s: inserting peer addresses failed: %s",
-                     c->prov->name, strerror(-rc));
+    ret = comm_error(c, CHORUS_ERR_TRANSPORT,
+                     "transport %s: inserting peer addresses failed: %s (%s)", c->prov->name,
+                     strerror(-rc), c->prov->last_error);
 out:
   if (eps)
     for (int i = 0; i < c->size; i++)
@@ -434,42 +641,34 @@ out:
   free(eps);
   free(addrs);
   free(alens);
+  return ret;
+}
+
+/* Publish our endpoint, learn everyone's, insert them into the transport. */
+static chorus_result exchange_endpoints(chorus_comm_t *c, const char *host) {
+  char id[512];
+  uint8_t *packed;
+  size_t plen;
+  void **ptrs = NULL;
+  size_t *lens = NULL;
+  chorus_result ret;
+
+  snprintf(id, sizeof(id), "%s|%s", host, c->set.topo);
+  if ((ret = comm_pack_endpoint(c, id, &packed, &plen)))
+    return ret;
+  ret = comm_allgather(c, packed, plen, &ptrs, &lens, c->set.connect_timeout_s);
+  free(packed);
+  if (ret)
+    return ret;
+  ret = comm_add_peer_records(c, ptrs, lens, NULL, true);
   free(ptrs);
   free(lens);
   return ret;
 }
 
-/* Transport name: CHORUS_PROVIDER, else shm when every rank is on this host, else tcp. */
-static const char *choose_provider(chorus_comm_t *c, const char *host) {
-  if (c->local)
-    return "inproc";
-  if (c->set.provider[0])
-    return c->set.provider;
-  for (int i = 0; i < c->size; i++) {
-    const char *h = boot_host_of(c->boot, i);
-    if (!h || strcmp(h, host) != 0)
-      return "tcp";
-  }
-  return "shm";
-}
-
-static chorus_result comm_setup(chorus_comm_t *c, const char *host) {
-  char err[1024] = "";
-  chorus_result ret;
+chorus_result comm_start(chorus_comm_t *c) {
   int rc;
 
-  const char *name = choose_provider(c, host);
-  const char *job_id = c->set.job_token[0] ? c->set.job_token : "chorus";
-  prov_config_t cfg = {.name = name,
-                       .rank = c->rank,
-                       .nranks = c->size,
-                       .job_id = job_id,
-                       .inproc_world = c->local ? c->local->world : NULL};
-  rc = prov_open(&cfg, &c->prov, err, sizeof(err));
-  if (rc)
-    return comm_error(c, CHORUS_ERR_TRANSPORT, "opening transport '%s' failed: %s", name, err);
-  if ((ret = exchange_endpoints(c, host)))
-    return ret;
   c->ex.prov = c->prov;
   c->ex.rank = c->rank;
   c->ex.comm_id = 0;
@@ -483,7 +682,19 @@ static chorus_result comm_setup(chorus_comm_t *c, const char *host) {
   return CHORUS_SUCCESS;
 }
 
-static chorus_result comm_register(chorus_comm_t *c) {
+static chorus_result comm_setup(chorus_comm_t *c, const char *host) {
+  chorus_result ret;
+
+  if ((ret = comm_topo_init(c)) || (ret = comm_open_transport(c)) ||
+      (ret = exchange_endpoints(c, host)))
+    return ret;
+  return comm_start(c);
+}
+
+chorus_result comm_register(chorus_comm_t *c) {
+  chorus_result ret = coll_comm_init(c);
+  if (ret)
+    return ret;
   if (eng_handle_add(c, ENG_HANDLE_COMM))
     return comm_error(c, CHORUS_ERR_NO_MEMORY, "out of memory");
   return CHORUS_SUCCESS;
@@ -592,6 +803,7 @@ CHORUS_API chorus_result chorus_comm_destroy(chorus_comm_t *comm) {
     return eng_error(CHORUS_ERR_INVALID_COMM,
                      "chorus_comm_destroy: not a live communicator (NULL or already destroyed)");
   eng_handle_remove(comm);
+  coll_comm_drop_queued(comm);
   /* Wait for what is still running: every rank issued the same calls. */
   for (chorus_request_t *r = comm->live; r; r = r->next_live) {
     pthread_mutex_lock(&comm->lock);
@@ -641,122 +853,17 @@ CHORUS_API const char *chorus_comm_provider(const chorus_comm_t *comm) {
   return comm->prov->name;
 }
 
-/* ---- allreduce ---- */
+/* ---- requests to the progress thread ---- */
 
-static comm_plan_slot_t *plan_lookup(chorus_comm_t *c, size_t count, chorus_dtype dtype,
-                                     chorus_op op, bool inplace, chorus_result *ret) {
-  comm_plan_slot_t *victim = NULL;
-  const size_t chunk = c->set.chunk_bytes;
-
-  c->uses++;
-  for (int i = 0; i < COMM_PLAN_CACHE; i++) {
-    comm_plan_slot_t *s = &c->plans[i];
-    if (s->plan && s->plan->count == count && s->plan->dtype == dtype && s->plan->op == op &&
-        s->plan->inplace == inplace && s->chunk_bytes == chunk) {
-      s->last_use = c->uses;
-      s->refs++;
-      return s;
-    }
-    if (s->refs == 0 && (!victim || !s->plan || (victim->plan && s->last_use < victim->last_use)))
-      victim = s;
-  }
-  if (!victim) {
-    *ret = comm_error(c, CHORUS_ERR_NO_MEMORY, "too many different collectives in flight");
-    return NULL;
-  }
-  plan_t *p;
-  algo_args_t args = {.coll = COLL_ALLREDUCE,
-                      .rank = c->rank,
-                      .nranks = c->size,
-                      .count = count,
-                      .dtype = dtype,
-                      .op = op,
-                      .inplace = inplace,
-                      .chunk_bytes = chunk};
-  int rc = algo_ring_allreduce(&args, &p);
-  if (rc) {
-    *ret = comm_error(c, CHORUS_ERR_NO_MEMORY, "out of memory compiling allreduce of %zu", count);
-    return NULL;
-  }
-  plan_free(victim->plan);
-  victim->plan = p;
-  victim->chunk_bytes = chunk;
-  victim->last_use = c->uses;
-  victim->refs = 1;
-  return victim;
-}
-
-CHORUS_API chorus_result chorus_iallreduce(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
-                                           size_t count, chorus_dtype dtype, chorus_op op,
-                                           chorus_request_t **req) {
-  chorus_result ret = CHORUS_SUCCESS;
-
-  if (req)
-    *req = NULL;
-  if (!eng_handle_valid(comm, ENG_HANDLE_COMM))
-    return eng_error(CHORUS_ERR_INVALID_COMM,
-                     "chorus_allreduce: not a live communicator (NULL or destroyed)");
-  if (!req)
-    return comm_error(comm, CHORUS_ERR_INVALID_ARG, "allreduce: req is NULL");
-  if ((unsigned)dtype >= CHORUS_DTYPE_COUNT)
-    return comm_error(comm, CHORUS_ERR_INVALID_DTYPE, "allreduce: unknown datatype %d", (int)dtype);
-  if ((unsigned)op >= CHORUS_OP_COUNT)
-    return comm_error(comm, CHORUS_ERR_INVALID_OP, "allreduce: unknown reduction op %d", (int)op);
-  size_t es = chorus_dtype_size(dtype);
-  if (count > (SIZE_MAX / 4) / es)
-    return comm_error(comm, CHORUS_ERR_COUNT_OVERFLOW,
-                      "allreduce: count %zu of %s (%zu bytes each) overflows", count,
-                      chorus_dtype_name(dtype), es);
-  if (count && (!sendbuf || !recvbuf))
-    return comm_error(comm, CHORUS_ERR_INVALID_ARG, "allreduce(%s, %zu): %s is NULL",
-                      chorus_dtype_name(dtype), count, !sendbuf ? "sendbuf" : "recvbuf");
-  if (count && sendbuf != recvbuf) {
-    const uint8_t *s = sendbuf, *r = recvbuf;
-    if (s < r + count * es && r < s + count * es)
-      return comm_error(comm, CHORUS_ERR_INVALID_ARG,
-                        "allreduce(%s, %zu): sendbuf and recvbuf overlap without being equal "
-                        "(pass the same pointer for in place)",
-                        chorus_dtype_name(dtype), count);
-  }
-
-  chorus_request_t *r = calloc(1, sizeof(*r));
-  if (!r)
-    return comm_error(comm, CHORUS_ERR_NO_MEMORY, "allreduce: out of memory");
-  r->slot = plan_lookup(comm, count, dtype, op, sendbuf == recvbuf || count == 0, &ret);
-  if (!r->slot || eng_handle_add(r, ENG_HANDLE_REQUEST)) {
-    if (r->slot)
-      r->slot->refs--;
-    free(r);
-    return ret ? ret : comm_error(comm, CHORUS_ERR_NO_MEMORY, "allreduce: out of memory");
-  }
-  r->comm = comm;
-  r->plan = r->slot->plan;
-  r->sendbuf = sendbuf;
-  r->recvbuf = recvbuf;
-  r->seq = comm->seq++;
-  r->next_live = comm->live;
-  if (comm->live)
-    comm->live->prev_live = r;
-  comm->live = r;
-
-  pthread_mutex_lock(&comm->lock);
-  if (comm->cmd_tail)
-    comm->cmd_tail->next_cmd = r;
+void comm_submit(chorus_comm_t *c, chorus_request_t *req) {
+  req->submitted = true;
+  pthread_mutex_lock(&c->lock);
+  if (c->cmd_tail)
+    c->cmd_tail->next_cmd = req;
   else
-    comm->cmd_head = r;
-  comm->cmd_tail = r;
-  atomic_store_explicit(&comm->cmd_pending, 1, memory_order_release);
-  pthread_mutex_unlock(&comm->lock);
-  progress_wake(comm);
-  *req = r;
-  return CHORUS_SUCCESS;
-}
-
-CHORUS_API chorus_result chorus_allreduce(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
-                                          size_t count, chorus_dtype dtype, chorus_op op) {
-  chorus_request_t *req;
-  chorus_result rc = chorus_iallreduce(comm, sendbuf, recvbuf, count, dtype, op, &req);
-  if (rc)
-    return rc;
-  return chorus_wait(&req);
+    c->cmd_head = req;
+  c->cmd_tail = req;
+  atomic_store_explicit(&c->cmd_pending, 1, memory_order_release);
+  pthread_mutex_unlock(&c->lock);
+  progress_wake(c);
 }

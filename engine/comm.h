@@ -14,17 +14,29 @@
 #include "exec.h"
 #include "plan.h"
 #include "prov.h"
+#include "select.h"
 #include "settings.h"
 
 struct event_base;
 struct event;
 
-#define COMM_PLAN_CACHE 8
+#define COMM_PLAN_CACHE 16
 
+/* A compiled plan and the shape it was compiled for (coll.c). */
 typedef struct comm_plan_slot {
   plan_t *plan;
+  int coll;                /* coll_kind */
+  const algo_desc_t *algo; /* NULL: the empty plan of a call with nothing to move */
+  size_t count;
+  chorus_dtype dtype;
+  chorus_op op;
+  int root;
+  bool inplace;
   size_t chunk_bytes;
-  unsigned refs; /* requests using it (application thread only) */
+  size_t *mcounts;  /* fused allreduce: its counts (owned), else NULL */
+  int nmulti;       /* fused allreduce: number of buffers, else 0 */
+  size_t extent[2]; /* bytes of BUF_SEND / BUF_RECV the plan reaches */
+  unsigned refs;    /* requests using it (application thread only) */
   uint64_t last_use;
 } comm_plan_slot_t;
 
@@ -36,7 +48,13 @@ struct chorus_request {
   plan_t *plan;
   const void *sendbuf;
   void *recvbuf;
-  uint16_t seq;
+  void **xbufs;    /* fused allreduce: the user's buffers, plan->nxbufs (owned table) */
+  void *tmp;       /* engine-owned stand-in for a buffer this rank ignores (owned) */
+  uint32_t msg_or; /* or'ed into message numbers: EXEC_MSG_P2P for send/recv */
+  uint16_t seq;    /* tag sequence: the collective's, or the per-peer p2p counter */
+  uint8_t coll;    /* coll_kind, for messages */
+  bool submitted;  /* handed to the progress thread (false while queued in a group) */
+  bool grouped;    /* a blocking call queued in a group: chorus_group_end releases it */
   atomic_int done;
   chorus_result result;
   chorus_request_t *next_cmd;              /* command queue link */
@@ -49,8 +67,10 @@ struct chorus_comm {
   boot_t *boot;           /* NULL for an in-process job */
   eng_local_job_t *local; /* in-process job, or NULL */
   prov_t *prov;
-  exec_ctx_t ex; /* progress thread only */
-  topo_t *topo;  /* hosts of the ranks (topo.c); NULL until known = one host */
+  exec_ctx_t ex;    /* under prog_lock: the progress thread or a waiting caller */
+  topo_t *topo;     /* hosts of the ranks (topo.c); NULL until known = one host */
+  plan_t *ctl_plan; /* split.c: the control exchange's plan, kept until comm_free
+                       (a run reads its plan until after it completes) */
 
   /* progress thread */
   pthread_t thread;
@@ -60,6 +80,12 @@ struct chorus_comm {
   int cmd_fd; /* eventfd: wakes the progress thread */
   atomic_int cmd_pending;
   atomic_int sleeping;
+  /* Whoever drives the transport and the executor holds prog_lock: the
+   * progress thread while awake, or an application thread waiting in
+   * chorus_wait (caller-driven progress: no hand-off, no wake-up). */
+  pthread_mutex_t prog_lock;
+  bool armed;   /* under prog_lock: the transport is armed for a sleeper */
+  bool no_wake; /* application thread: a blocking call will drive itself */
   atomic_int stop;
 
   /* shared between application and progress threads, under lock */
@@ -74,6 +100,19 @@ struct chorus_comm {
   uint64_t uses;
   comm_plan_slot_t plans[COMM_PLAN_CACHE];
   chorus_request_t *live; /* requests not yet released */
+  select_ctx_t sel;       /* algorithm selection (coll.c) */
+  /* the last selections, so that a repeated call skips the cost model */
+  struct comm_sel_memo {
+    const algo_desc_t *d; /* NULL: empty */
+    int coll, dtype, op, root;
+    bool inplace;
+    size_t count, chunk_bytes;
+  } sel_memo[16];
+  unsigned sel_memo_next;
+  bool sel_ready;
+  char last_algo[32]; /* chorus_comm_last_algorithm */
+  const algo_desc_t *last_algo_d;
+  uint16_t *p2p_seq; /* [2*size]: next send to peer p at 2p, next receive from p at 2p+1 */
 };
 
 /* Record a failure on comm (any thread); returns rc. */
@@ -84,9 +123,61 @@ chorus_result comm_error(chorus_comm_t *c, chorus_result rc, const char *fmt, ..
 eng_local_job_t *eng_local_job_create(int nranks);
 void eng_local_job_destroy(eng_local_job_t *job);
 chorus_result eng_comm_init_local(eng_local_job_t *job, int rank, chorus_comm_t **out);
+/* A job for the communicators chorus_comm_split makes in an in-process job:
+ * each of its nranks communicators holds it, the last destroyed frees it. */
+eng_local_job_t *eng_local_job_create_shared(int nranks);
+
+/* Creation, in pieces (comm.c), shared with chorus_comm_split (split.c):
+ * alloc; set topo, set, local; open the transport; pack this rank's
+ * endpoint record and insert the peers' (child rank i's record is
+ * recs[members[i]], or recs[i] without members; check_topo: refuse records
+ * made under another CHORUS_TOPO); start the progress thread; register.
+ * comm_free undoes whatever was done. */
+chorus_comm_t *comm_alloc(int rank, int size);
+void comm_free(chorus_comm_t *c);
+chorus_result comm_open_transport(chorus_comm_t *c);
+chorus_result comm_pack_endpoint(chorus_comm_t *c, const char *host, uint8_t **out, size_t *outlen);
+chorus_result comm_add_peer_records(chorus_comm_t *c, void *const *recs, const size_t *lens,
+                                    const int *members, bool check_topo);
+chorus_result comm_start(chorus_comm_t *c);
+chorus_result comm_register(chorus_comm_t *c);
+/* Everyone contributes len bytes; same contract as boot_allgather (free
+ * *ptrs and *lens). Over the bootstrap, the in-process job, or for
+ * communicators made by split, over their own transport
+ * (comm_xport_allgather, split.c: needs the progress thread). Application
+ * thread; collective over c. */
+chorus_result comm_allgather(chorus_comm_t *c, const void *mine, size_t len, void ***ptrs,
+                             size_t **lens, double timeout_s);
+chorus_result comm_xport_allgather(chorus_comm_t *c, const void *mine, size_t len, void ***ptrs,
+                                   size_t **lens);
+
+/* Hands a request to the progress thread (comm.c). */
+void comm_submit(chorus_comm_t *c, chorus_request_t *req);
+
+/* Collectives (coll.c). coll_comm_init sets up selection (CHORUS_ERR_ENV
+ * with a message on a bad CHORUS_ALGO) and the point-to-point counters;
+ * coll_comm_fini frees plans, requests and selection state (safe on a
+ * communicator coll_comm_init never saw); coll_comm_drop_queued fails the
+ * requests of c still queued in this thread's open group (destroy). */
+chorus_result coll_comm_init(chorus_comm_t *c);
+void coll_comm_fini(chorus_comm_t *c);
+void coll_comm_drop_queued(chorus_comm_t *c);
+/* Test hook: replace c's algorithm overrides, same syntax as CHORUS_ALGO
+ * ("" = the cost model). CHORUS_ERR_ENV with a message on a bad spec (the
+ * old overrides stay). Application thread, nothing in flight required. */
+chorus_result eng_comm_set_algo(chorus_comm_t *c, const char *spec);
+
+/* Caller-driven progress: drives the communicator from this thread, when
+ * the progress thread is not busy doing it, until *flag is set, or nothing
+ * moved for idle_ns, or after max_rounds rounds (0: no limit). Returns with
+ * the transport as it found it (armed for a sleeping progress thread, or
+ * that thread woken). */
+void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds);
 
 /* Requests (request.c). */
 void request_complete(chorus_request_t *req, chorus_result rc);
 void request_release(chorus_request_t *req);
+/* Blocks until req is done: spins for CHORUS_SPIN_US, then sleeps. */
+void request_wait_done(chorus_request_t *req);
 
 #endif

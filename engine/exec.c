@@ -27,16 +27,25 @@ typedef struct exec_step {
   uint32_t deps_left;
   uint32_t index;
   exec_t *ex;
+  /* Borrowed receives (PROV_OP_BORROW): a RECV into scratch whose every
+   * successor only reads that range and waits for nothing else may let
+   * them read the data where the sender keeps it. */
+  bool borrowable;      /* RECV: posted with PROV_OP_BORROW */
+  uint32_t borrow_left; /* RECV: consumers still to run before release */
+  uint32_t borrow_from; /* consumer: the RECV it reads, or UINT32_MAX */
 } exec_step_t;
 
 struct exec {
   exec_ctx_t *ctx;
   const plan_t *plan;
   uint8_t *bufs[BUF_COUNT];
-  void *own_scratch; /* scratch malloc'd for this run when the cached one is lent */
-  bool scratch_lent; /* this run holds ctx->scratch */
+  void *const *xbufs; /* extra buffers of a composed plan (exec_set_extra) */
+  uint32_t msg_or;    /* or'ed into message numbers (EXEC_MSG_P2P) */
+  void *own_scratch;  /* scratch malloc'd for this run when the cached one is lent */
+  bool scratch_lent;  /* this run holds ctx->scratch */
   uint16_t seq;
   exec_step_t *steps;
+  uint32_t nsteps; /* plan->nsteps, for after the plan may be gone */
   /* ready queues (step indices; each step is queued at most once per kind) */
   uint32_t *q_local, *q_send, *q_recv;
   uint32_t ql_head, ql_tail, qs_head, qs_tail, qr_head, qr_tail;
@@ -51,6 +60,12 @@ struct exec {
 
 static exec_step_t *step_of(fsm_inst_t *i) {
   return (exec_step_t *)i;
+}
+
+/* Memory of a reference: one of the three buffers, or an extra one. */
+static uint8_t *at(const exec_t *ex, plan_ref_t r) {
+  uint8_t *base = r.buf < BUF_COUNT ? ex->bufs[r.buf] : (uint8_t *)ex->xbufs[r.buf - BUF_COUNT];
+  return base + r.off;
 }
 
 static void notify_successors(exec_step_t *st) {
@@ -90,6 +105,29 @@ static void a_dep_ready(fsm_inst_t *i, const fsm_event_t *ev) {
   enqueue_ready(step_of(i));
 }
 
+static bool same_ref(plan_ref_t a, plan_ref_t b) {
+  return a.buf == b.buf && a.off == b.off;
+}
+
+/* Where a local step reads `r`: the buffer, or the sender's memory when the
+ * receive that filled r was borrowed. */
+static const uint8_t *src_ptr(exec_t *ex, const exec_step_t *st, plan_ref_t r) {
+  if (st->borrow_from != UINT32_MAX) {
+    const exec_step_t *rv = &ex->steps[st->borrow_from];
+    if (rv->op.borrowed && same_ref(ex->plan->steps[rv->index].dst, r))
+      return rv->op.borrowed;
+  }
+  return at(ex, r);
+}
+
+static void borrow_consumed(exec_t *ex, exec_step_t *st) {
+  if (st->borrow_from == UINT32_MAX)
+    return;
+  exec_step_t *rv = &ex->steps[st->borrow_from];
+  if (--rv->borrow_left == 0 && rv->op.borrowed)
+    ex->ctx->prov->ops->release(ex->ctx->prov, &rv->op);
+}
+
 static void a_run(fsm_inst_t *i, const fsm_event_t *ev) {
   exec_step_t *st = step_of(i);
   exec_t *ex = st->ex;
@@ -99,14 +137,16 @@ static void a_run(fsm_inst_t *i, const fsm_event_t *ev) {
 
   switch (ps->kind) {
   case STEP_REDUCE:
-    reduce_apply(ex->bufs[ps->dst.buf] + ps->dst.off, ex->bufs[ps->src.buf] + ps->src.off,
-                 ex->bufs[ps->src2.buf] + ps->src2.off, ps->bytes / es, p->dtype, p->op);
+    reduce_apply(at(ex, ps->dst), src_ptr(ex, st, ps->src),
+                 src_ptr(ex, st, ps->src2), ps->bytes / es, p->dtype, p->op);
+    borrow_consumed(ex, st);
     break;
   case STEP_COPY:
-    memcpy(ex->bufs[ps->dst.buf] + ps->dst.off, ex->bufs[ps->src.buf] + ps->src.off, ps->bytes);
+    memcpy(at(ex, ps->dst), src_ptr(ex, st, ps->src), ps->bytes);
+    borrow_consumed(ex, st);
     break;
   case STEP_SCALE:
-    reduce_scale_avg(ex->bufs[ps->dst.buf] + ps->dst.off, ps->bytes / es, p->dtype, p->nranks);
+    reduce_scale_avg(at(ex, ps->dst), ps->bytes / es, p->dtype, p->nranks);
     break;
   default:
     break;
@@ -185,6 +225,39 @@ static void step_done(prov_op_t *op, int status, size_t len) {
   fsm_dispatch(&st->fsm, &ev);
 }
 
+/* Scratch starts on a page: the kernel's copy (CMA) into a destination
+ * that is misaligned against a cache-line-aligned source runs three times
+ * slower (rep movsb with unaligned stores), and user buffers are usually
+ * aligned. Plans keep their slots at multiples of 64 bytes. */
+static void *scratch_alloc(size_t bytes) {
+  void *p = NULL;
+  return posix_memalign(&p, 4096, bytes) ? NULL : p;
+}
+
+/* Marks the receives that may be borrowed (see exec_step_t). */
+static void find_borrowable(exec_t *ex) {
+  const plan_t *p = ex->plan;
+
+  if (!ex->ctx->prov || !ex->ctx->prov->ops->release)
+    return;
+  for (uint32_t i = 0; i < p->nsteps; i++) {
+    const plan_step_t *rv = &p->steps[i];
+    bool ok = rv->kind == STEP_RECV && rv->dst.buf == BUF_SCRATCH && rv->nsucc > 0;
+    for (uint32_t k = 0; ok && k < rv->nsucc; k++) {
+      const plan_step_t *c = &p->steps[p->succ[rv->succ_off + k]];
+      ok = (c->kind == STEP_REDUCE || c->kind == STEP_COPY) && c->ndeps == 1 &&
+           c->bytes == rv->bytes && !same_ref(c->dst, rv->dst) &&
+           (same_ref(c->src, rv->dst) || (c->kind == STEP_REDUCE && same_ref(c->src2, rv->dst)));
+    }
+    if (!ok)
+      continue;
+    ex->steps[i].borrowable = true;
+    ex->steps[i].borrow_left = rv->nsucc;
+    for (uint32_t k = 0; k < rv->nsucc; k++)
+      ex->steps[p->succ[rv->succ_off + k]].borrow_from = i;
+  }
+}
+
 exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, void *recvbuf,
                     uint16_t seq, exec_done_fn done, void *arg) {
   exec_t *ex = calloc(1, sizeof(*ex));
@@ -192,6 +265,7 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
 
   if (!ex)
     return NULL;
+  ex->nsteps = n;
   ex->steps = calloc(n ? n : 1, sizeof(*ex->steps));
   ex->q_local = malloc(3 * (size_t)(n ? n : 1) * sizeof(uint32_t));
   if (!ex->steps || !ex->q_local)
@@ -202,7 +276,7 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
     if (!ctx->scratch_lent) {
       if (ctx->scratch_bytes < plan->scratch_bytes) {
         free(ctx->scratch);
-        ctx->scratch = malloc(plan->scratch_bytes);
+        ctx->scratch = scratch_alloc(plan->scratch_bytes);
         ctx->scratch_bytes = ctx->scratch ? plan->scratch_bytes : 0;
         if (!ctx->scratch)
           goto out_free;
@@ -211,7 +285,7 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
       ex->scratch_lent = true;
       ex->bufs[BUF_SCRATCH] = ctx->scratch;
     } else {
-      ex->own_scratch = malloc(plan->scratch_bytes);
+      ex->own_scratch = scratch_alloc(plan->scratch_bytes);
       if (!ex->own_scratch)
         goto out_free;
       ex->bufs[BUF_SCRATCH] = ex->own_scratch;
@@ -231,7 +305,9 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
     st->deps_left = plan->steps[i].ndeps;
     st->index = i;
     st->ex = ex;
+    st->borrow_from = UINT32_MAX;
   }
+  find_borrowable(ex);
   return ex;
 
 out_free:
@@ -241,13 +317,24 @@ out_free:
   return NULL;
 }
 
+/* Runs after the done callback, which may free the plan: ex->plan is not
+ * to be read here. */
 static void exec_release(exec_t *ex) {
+  /* a failed run may leave borrowed receives whose readers never ran */
+  for (uint32_t i = 0; i < ex->nsteps; i++)
+    if (ex->steps[i].op.borrowed)
+      ex->ctx->prov->ops->release(ex->ctx->prov, &ex->steps[i].op);
   if (ex->scratch_lent)
     ex->ctx->scratch_lent = false;
   free(ex->own_scratch);
   free(ex->steps);
   free(ex->q_local);
   free(ex);
+}
+
+void exec_set_extra(exec_t *ex, void *const *xbufs, uint32_t msg_or) {
+  ex->xbufs = xbufs;
+  ex->msg_or = msg_or;
 }
 
 void exec_start(exec_ctx_t *ctx, exec_t *ex) {
@@ -273,13 +360,15 @@ static int post_step(exec_ctx_t *ctx, exec_t *ex, uint32_t idx) {
   int rc;
 
   if (ps->kind == STEP_SEND)
-    rc = ctx->prov->ops->post_send(ctx->prov, ps->peer, ex->bufs[ps->src.buf] + ps->src.off,
-                                   ps->bytes, exec_tag(ctx->rank, ctx->comm_id, ex->seq, ps->msg),
-                                   &st->op);
-  else
-    rc = ctx->prov->ops->post_recv(ctx->prov, ps->peer, ex->bufs[ps->dst.buf] + ps->dst.off,
-                                   ps->bytes, exec_tag(ps->peer, ctx->comm_id, ex->seq, ps->msg),
-                                   &st->op);
+    rc = ctx->prov->ops->post_send(
+        ctx->prov, ps->peer, at(ex, ps->src), ps->bytes,
+        exec_tag(ctx->rank, ctx->comm_id, ex->seq, ps->msg | ex->msg_or), &st->op);
+  else {
+    st->op.flags = st->borrowable ? PROV_OP_BORROW : 0;
+    rc = ctx->prov->ops->post_recv(
+        ctx->prov, ps->peer, at(ex, ps->dst), ps->bytes,
+        exec_tag(ps->peer, ctx->comm_id, ex->seq, ps->msg | ex->msg_or), &st->op);
+  }
   if (rc == 0) {
     ex->nposted++;
     if (ps->kind == STEP_SEND)

@@ -44,6 +44,12 @@ typedef void (*exec_done_fn)(exec_t *ex, int status, void *arg);
  * must outlive the run). Returns NULL on allocation failure. */
 exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, void *recvbuf,
                     uint16_t seq, exec_done_fn done, void *arg);
+/* Before exec_start: the extra buffers of a composed plan (xbufs[i] is
+ * buffer BUF_COUNT + i, plan->nxbufs of them; borrowed until the run ends)
+ * and bits or'ed into every message number of its tags (point-to-point
+ * traffic sets EXEC_MSG_P2P). */
+#define EXEC_MSG_P2P (1u << 23)
+void exec_set_extra(exec_t *ex, void *const *xbufs, uint32_t msg_or);
 /* Starts it (progress thread): makes initial steps ready. */
 void exec_start(exec_ctx_t *ctx, exec_t *ex);
 /* Drives every active run: runs ready local steps, posts ready sends and

@@ -3,8 +3,10 @@
  *
  * The progress thread completes a request (request_complete); the
  * application thread observes it (chorus_test / chorus_wait) and releases
- * it. Waiting spins for at most CHORUS_SPIN_US, then sleeps on the
- * communicator's condition variable.
+ * it. A waiting thread drives the communicator itself while the progress
+ * thread is idle (no hand-off between threads on the latency path), for as
+ * long as that makes progress and CHORUS_SPIN_US more; then it sleeps on
+ * the communicator's condition variable.
  */
 #include <sched.h>
 #include <stdlib.h>
@@ -17,7 +19,7 @@ void request_complete(chorus_request_t *req, chorus_result rc) {
   chorus_comm_t *c = req->comm;
 
   if (rc)
-    comm_error(c, rc, "allreduce #%u (%s, %zu elements) failed: %s", req->seq,
+    comm_error(c, rc, "%s #%u (%s, %zu elements) failed: %s", coll_kind_str(req->coll), req->seq,
                chorus_dtype_name(req->plan->dtype), req->plan->count, chorus_strerror(rc));
   pthread_mutex_lock(&c->lock);
   req->result = rc;
@@ -41,7 +43,26 @@ void request_release(chorus_request_t *req) {
     c->live = req->next_live;
   if (req->next_live)
     req->next_live->prev_live = req->prev_live;
+  free(req->xbufs);
+  free(req->tmp);
   free(req);
+}
+
+void request_wait_done(chorus_request_t *r) {
+  chorus_comm_t *c = r->comm;
+
+  /* poll (driving the communicator ourselves when the progress thread
+   * is idle) while that moves, and CHORUS_SPIN_US more; then sleep */
+  if (!atomic_load_explicit(&r->done, memory_order_acquire))
+    comm_drive(c, &r->done, (uint64_t)c->set.spin_us * 1000, 0);
+  if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+    pthread_mutex_lock(&c->lock);
+    c->waiters++;
+    while (!atomic_load_explicit(&r->done, memory_order_acquire))
+      pthread_cond_wait(&c->cond, &c->lock);
+    c->waiters--;
+    pthread_mutex_unlock(&c->lock);
+  }
 }
 
 CHORUS_API chorus_result chorus_test(chorus_request_t **req, int *done) {
@@ -50,6 +71,8 @@ CHORUS_API chorus_result chorus_test(chorus_request_t **req, int *done) {
   if (!done)
     return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_test: done is NULL");
   chorus_request_t *r = *req;
+  if (!atomic_load_explicit(&r->done, memory_order_acquire) && r->submitted)
+    comm_drive(r->comm, &r->done, 0, 1); /* one round, if the progress thread is idle */
   if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
     *done = 0;
     return CHORUS_SUCCESS;
@@ -65,27 +88,11 @@ CHORUS_API chorus_result chorus_wait(chorus_request_t **req) {
   if (!req || !eng_handle_valid(*req, ENG_HANDLE_REQUEST))
     return eng_error(CHORUS_ERR_INVALID_REQUEST, "chorus_wait: not a live request");
   chorus_request_t *r = *req;
-  chorus_comm_t *c = r->comm;
-
-  if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
-    uint64_t until = fsm_now_ns() + (uint64_t)c->set.spin_us * 1000;
-    unsigned spins = 0;
-    while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
-      if ((++spins & 63) == 0) {
-        if (fsm_now_ns() > until)
-          break;
-        sched_yield();
-      }
-    }
-  }
-  if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
-    pthread_mutex_lock(&c->lock);
-    c->waiters++;
-    while (!atomic_load_explicit(&r->done, memory_order_acquire))
-      pthread_cond_wait(&c->cond, &c->lock);
-    c->waiters--;
-    pthread_mutex_unlock(&c->lock);
-  }
+  if (!r->submitted && !atomic_load_explicit(&r->done, memory_order_acquire))
+    return eng_error(CHORUS_ERR_INVALID_REQUEST,
+                     "chorus_wait: the request is queued in an open group and starts only at "
+                     "the outermost chorus_group_end (waiting now would never return)");
+  request_wait_done(r);
   chorus_result rc = r->result;
   request_release(r);
   *req = NULL;

@@ -4,6 +4,8 @@
  *   prov_ofi     libfabric RDM endpoint with tagged messages (shm, tcp, udp,
  *                sockets, verbs...), chosen by name.
  *   prov_inproc  every rank inside one process (unit tests, simulation).
+ *   prov_multi   two of them side by side, routed per peer: shm inside a
+ *                host, a network provider between hosts ("shm+tcp").
  *
  * Model
  *  - A transport instance is one endpoint of one rank. Peers are numbered
@@ -39,10 +41,23 @@ typedef struct prov_op prov_op_t;
 /* Completion callback: status 0 or -errno; len = bytes received/sent. */
 typedef void (*prov_done_fn)(prov_op_t *op, int status, size_t len);
 
+/* prov_op.flags, set by the caller before posting */
+enum {
+  /* A receive may complete without copying: when the data can be read where
+   * the sender keeps it (a chorus_mem_alloc buffer of a peer on this host),
+   * the provider sets `borrowed` to it instead of filling the receive
+   * buffer, and holds the sender's operation open until release(). The
+   * caller must release every borrowed op, soon and without waiting for
+   * other messages (the sender waits). */
+  PROV_OP_BORROW = 1u << 0,
+};
+
 /* Embedded by the caller in its own object (container_of to get back). */
 struct prov_op {
   prov_done_fn done;
-  void *internal[4]; /* owned by the provider while the op is posted */
+  void *internal[4];    /* owned by the provider while the op is posted or borrowed */
+  unsigned flags;       /* PROV_OP_*, in */
+  const void *borrowed; /* out: NULL, or where a borrowed receive's data lies */
 };
 
 /* Settings a transport is opened with. */
@@ -52,6 +67,9 @@ typedef struct prov_config {
   int nranks;         /* ranks in the job */
   const char *job_id; /* unique per job (e.g. the rendezvous token); for names */
   void *inproc_world; /* prov_inproc only: the shared world object */
+  /* prov_multi only ("A+B"): host of each rank, host_of[nranks]; ranks on
+   * this rank's host are reached over A, the others over B. */
+  const int *host_of;
 } prov_config_t;
 
 typedef struct prov_ops {
@@ -79,6 +97,9 @@ typedef struct prov_ops {
   size_t (*max_posted)(prov_t *p);
   /* Cancels what is posted (callbacks run), then frees everything. */
   void (*close)(prov_t *p);
+  /* Ends a borrowed receive (op->borrowed != NULL): the sender may go on.
+   * NULL for providers that never borrow. */
+  void (*release)(prov_t *p, prov_op_t *op);
 } prov_ops_t;
 
 struct prov {
@@ -95,8 +116,33 @@ struct prov {
 extern const prov_ops_t prov_ofi_ops;
 extern const prov_ops_t prov_inproc_ops;
 
-/* Open by name: "inproc" -> prov_inproc, anything else -> prov_ofi. */
+extern const prov_ops_t prov_multi_ops;
+
+/* Open by name: "inproc" -> prov_inproc, "A+B" (e.g. "shm+tcp") ->
+ * prov_multi over A and B, anything else -> prov_ofi. */
 int prov_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errlen);
+
+/* prov_multi: what went where, for logs and tests. child 0 is the
+ * provider inside the host (A), child 1 the one between hosts (B). */
+typedef struct prov_multi_stats {
+  const char *child_name[2]; /* provider in use, or NULL when not opened */
+  int child_nranks[2];       /* peers the child was opened for (0: not opened) */
+  uint64_t sends[2], send_bytes[2]; /* sends posted on each child */
+  uint64_t recvs[2];                /* receives posted on each child */
+} prov_multi_stats_t;
+/* Returns 0, or -EINVAL when p is not a prov_multi. */
+int prov_multi_stats(prov_t *p, prov_multi_stats_t *out);
+/* Which child carries traffic with peer (0 or 1), or -1 (bad peer or p). */
+int prov_multi_route(prov_t *p, int peer);
+
+/* prov_ofi's large-message (rendezvous) paths, for logs and tests: bytes
+ * this endpoint received by CMA, by copying out of a peer's mapped
+ * chorus_mem_alloc region, and by lending that region to the caller
+ * (PROV_OP_BORROW). Returns 0, or -EINVAL when p is not a prov_ofi. */
+typedef struct prov_ofi_rndv_stats {
+  uint64_t cma_bytes, mapped_bytes, borrowed_bytes;
+} prov_ofi_rndv_stats_t;
+int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out);
 
 /* In-process world shared by the ranks of one simulated job. */
 typedef struct prov_inproc_world prov_inproc_world_t;

@@ -1,0 +1,356 @@
+/*
+ * split.c - chorus_comm_split, and the allgather that communicators made by
+ * it use in place of a bootstrap.
+ *
+ * A split is three rounds of the parent's allgather (its bootstrap, or its
+ * in-process job, or again its transport), in which every parent rank takes
+ * part, NONE included, so that the rounds stay matched:
+ *
+ *   1. (color, key) of every parent rank -> each member finds its group,
+ *      ordered by (key, parent rank), and its rank in it; the child's
+ *      topology is the parent's, restricted to the group.
+ *   2. in-process jobs only: the group's first member makes the child's job
+ *      (its own world of transports) and publishes it.
+ *   3. the members open a transport of their own for the child (shm, tcp or
+ *      shm+tcp by the child's topology, as at init) and publish its
+ *      endpoint record; each inserts its group's records.
+ *
+ * The child then has its own endpoint, progress thread and sequence
+ * numbers, and no tie to the parent: parent and children are used
+ * concurrently and destroyed in any order. What a child needs collectively
+ * afterwards (the barrier in chorus_comm_destroy, splitting it again) runs
+ * over its own transport: comm_xport_allgather below, or the child's
+ * in-process job.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "eng.h"
+#include "topo.h"
+
+/* ---- allgather over the communicator's own transport ----
+ *
+ * Rounds of one fixed exchange: every rank sends a CTL_BLOCK-byte block to
+ * every other. The first block carries the contribution's length and its
+ * first bytes, further rounds the rest, as many as the longest needs. The
+ * plan is the same every round, so it is built once per communicator and
+ * kept (comm->ctl_plan): a run reads its plan until after it completes. */
+
+#define CTL_BLOCK 1024
+#define CTL_HEAD 8 /* the length, in the first block */
+
+/* Every rank's block into recv[rank*CTL_BLOCK]: one message to each peer
+ * (message number = receiver's rank, so unique per sender) and a copy of
+ * our own block. No dependencies: every step is ready at once. */
+static int ctl_plan_build(int rank, int n, plan_t **out) {
+  plan_builder_t b;
+  int rc;
+
+  if ((rc = plan_build_begin(&b, "ctl-allgather", rank, n, CTL_BLOCK, CHORUS_UINT8, CHORUS_SUM,
+                             false)))
+    return rc;
+  for (int p = 0; p < n; p++) {
+    if (p == rank) {
+      plan_step_t cp = {.kind = STEP_COPY,
+                        .bytes = CTL_BLOCK,
+                        .dst = {BUF_RECV, (size_t)rank * CTL_BLOCK},
+                        .src = {BUF_SEND, 0}};
+      plan_add(&b, &cp);
+      continue;
+    }
+    plan_step_t st = {
+        .kind = STEP_SEND, .peer = p, .msg = (uint32_t)p, .bytes = CTL_BLOCK, .src = {BUF_SEND, 0}};
+    plan_step_t rv = {.kind = STEP_RECV,
+                      .peer = p,
+                      .msg = (uint32_t)rank,
+                      .bytes = CTL_BLOCK,
+                      .dst = {BUF_RECV, (size_t)p * CTL_BLOCK}};
+    plan_add(&b, &st);
+    plan_add(&b, &rv);
+  }
+  return plan_build_end(&b, out);
+}
+
+/* One round on c's progress thread, waited for. It takes a sequence
+ * number like any collective: every rank of c makes the same calls in the
+ * same order. */
+static chorus_result ctl_round(chorus_comm_t *c, const void *mine, void *all) {
+  chorus_request_t *r;
+
+  if (!c->ctl_plan && ctl_plan_build(c->rank, c->size, &c->ctl_plan))
+    return comm_error(c, CHORUS_ERR_NO_MEMORY, "allgather: out of memory");
+  if (!(r = calloc(1, sizeof(*r))))
+    return comm_error(c, CHORUS_ERR_NO_MEMORY, "allgather: out of memory");
+  r->comm = c;
+  r->slot = NULL;
+  r->plan = c->ctl_plan;
+  r->sendbuf = mine;
+  r->recvbuf = all;
+  r->coll = COLL_ALLGATHER;
+  r->seq = c->seq++;
+  comm_submit(c, r);
+  request_wait_done(r);
+  chorus_result ret = r->result;
+  /* request_complete touches nothing of r after marking it done */
+  free(r);
+  return ret;
+}
+
+chorus_result comm_xport_allgather(chorus_comm_t *c, const void *mine, size_t len, void ***out_ptrs,
+                                   size_t **out_lens) {
+  const size_t n = (size_t)c->size, first = CTL_BLOCK - CTL_HEAD;
+  uint8_t block[CTL_BLOCK];
+  uint8_t *all = malloc(n * CTL_BLOCK);
+  uint64_t *lens64 = malloc(n * sizeof(*lens64));
+  void **ptrs = NULL;
+  size_t *lens = NULL;
+  uint64_t max = 0, total = 0, my_len = len;
+  chorus_result ret;
+
+  if (!all || !lens64) {
+    ret = comm_error(c, CHORUS_ERR_NO_MEMORY, "allgather: out of memory");
+    goto out;
+  }
+  memset(block, 0, sizeof(block));
+  memcpy(block, &my_len, CTL_HEAD);
+  if (len)
+    memcpy(block + CTL_HEAD, mine, len < first ? len : first);
+  if ((ret = ctl_round(c, block, all)))
+    goto out;
+  for (size_t i = 0; i < n; i++) {
+    memcpy(&lens64[i], all + i * CTL_BLOCK, CTL_HEAD);
+    max = lens64[i] > max ? lens64[i] : max;
+    total += lens64[i];
+  }
+  if (max > (1u << 30)) {
+    ret = comm_error(c, CHORUS_ERR_CORRUPT, "allgather: a rank announced %llu bytes",
+                     (unsigned long long)max);
+    goto out;
+  }
+  ptrs = malloc(n * sizeof(void *) + total + 1);
+  lens = malloc(n * sizeof(*lens));
+  if (!ptrs || !lens) {
+    ret = comm_error(c, CHORUS_ERR_NO_MEMORY, "allgather: out of memory");
+    goto out;
+  }
+  uint8_t *data = (uint8_t *)(ptrs + n);
+  for (size_t i = 0; i < n; i++) {
+    ptrs[i] = data;
+    lens[i] = lens64[i];
+    memcpy(data, all + i * CTL_BLOCK + CTL_HEAD, lens64[i] < first ? lens64[i] : first);
+    data += lens64[i];
+  }
+  /* the rest, CTL_BLOCK bytes a round, as long as the longest needs */
+  for (uint64_t off = first; off < max; off += CTL_BLOCK) {
+    memset(block, 0, sizeof(block));
+    if (my_len > off)
+      memcpy(block, (const uint8_t *)mine + off,
+             my_len - off < CTL_BLOCK ? my_len - off : CTL_BLOCK);
+    if ((ret = ctl_round(c, block, all)))
+      goto out;
+    for (size_t i = 0; i < n; i++)
+      if (lens64[i] > off)
+        memcpy((uint8_t *)ptrs[i] + off, all + i * CTL_BLOCK,
+               lens64[i] - off < CTL_BLOCK ? lens64[i] - off : CTL_BLOCK);
+  }
+  *out_ptrs = ptrs;
+  *out_lens = lens;
+  ptrs = NULL;
+  lens = NULL;
+out:
+  free(all);
+  free(lens64);
+  free(ptrs);
+  free(lens);
+  return ret;
+}
+
+/* ---- split ---- */
+
+typedef struct split_entry {
+  int32_t color, key;
+} split_entry_t;
+
+typedef struct split_member {
+  int32_t key;
+  int rank;
+} split_member_t;
+
+static int cmp_member(const void *a, const void *b) {
+  const split_member_t *x = a, *y = b;
+
+  if (x->key != y->key)
+    return x->key < y->key ? -1 : 1;
+  return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+/* The parent ranks of our group in child-rank order; their number in *n. */
+static int *split_members(const split_entry_t *tab, int size, int color, int *n) {
+  split_member_t *m = malloc((size_t)size * sizeof(*m));
+  int *out = malloc((size_t)size * sizeof(*out));
+
+  *n = 0;
+  if (!m || !out) {
+    free(m);
+    free(out);
+    return NULL;
+  }
+  for (int r = 0; r < size; r++)
+    if (tab[r].color == color)
+      m[(*n)++] = (split_member_t){tab[r].key, r};
+  qsort(m, (size_t)*n, sizeof(*m), cmp_member);
+  for (int i = 0; i < *n; i++)
+    out[i] = m[i].rank;
+  free(m);
+  return out;
+}
+
+/* Round 1: every parent rank's (color, key). */
+static chorus_result split_gather_colors(chorus_comm_t *p, int color, int key,
+                                         split_entry_t **out) {
+  split_entry_t mine = {color, key};
+  split_entry_t *tab = malloc((size_t)p->size * sizeof(*tab));
+  void **ptrs = NULL;
+  size_t *lens = NULL;
+  chorus_result ret;
+
+  if (!tab)
+    return comm_error(p, CHORUS_ERR_NO_MEMORY, "comm_split: out of memory");
+  ret = comm_allgather(p, &mine, sizeof(mine), &ptrs, &lens, p->set.connect_timeout_s);
+  if (ret) {
+    free(tab);
+    return ret;
+  }
+  for (int r = 0; r < p->size; r++) {
+    if (lens[r] != sizeof(mine)) {
+      ret = comm_error(p, CHORUS_ERR_BOOTSTRAP, "comm_split: malformed entry from rank %d", r);
+      break;
+    }
+    memcpy(&tab[r], ptrs[r], sizeof(mine));
+  }
+  free(ptrs);
+  free(lens);
+  if (ret)
+    free(tab);
+  else
+    *out = tab;
+  return ret;
+}
+
+/* Round 2 (in-process jobs): the group's first member makes the job. */
+static chorus_result split_share_job(chorus_comm_t *p, chorus_comm_t *c, const int *members) {
+  eng_local_job_t *job = NULL;
+  void **ptrs = NULL;
+  size_t *lens = NULL;
+  chorus_result ret;
+
+  if (c && c->rank == 0)
+    job = eng_local_job_create_shared(c->size);
+  ret = comm_allgather(p, &job, job ? sizeof(job) : 0, &ptrs, &lens, p->set.connect_timeout_s);
+  if (ret) {
+    /* the others may hold it: nobody can tell, so it is left (out of memory only) */
+    return ret;
+  }
+  if (c) {
+    if (lens[members[0]] != sizeof(job))
+      ret = comm_error(p, CHORUS_ERR_NO_MEMORY, "comm_split: rank %d could not make the group",
+                       members[0]);
+    else
+      memcpy(&c->local, ptrs[members[0]], sizeof(job));
+  }
+  free(ptrs);
+  free(lens);
+  return ret;
+}
+
+/* Round 3: endpoint records; ours is empty when we are in no group or our
+ * transport did not open (the group's other members then fail cleanly). */
+static chorus_result split_exchange(chorus_comm_t *p, chorus_comm_t *c, const int *members,
+                                    chorus_result opened) {
+  uint8_t *packed = NULL;
+  size_t plen = 0;
+  void **ptrs = NULL;
+  size_t *lens = NULL;
+  chorus_result ret = opened;
+
+  if (c && !ret)
+    ret = comm_pack_endpoint(c, "", &packed, &plen);
+  chorus_result gret = comm_allgather(p, packed ? (const void *)packed : "", plen, &ptrs, &lens,
+                                      p->set.connect_timeout_s);
+  free(packed);
+  if (gret)
+    return gret;
+  if (c && !ret)
+    ret = comm_add_peer_records(c, ptrs, lens, members, false);
+  free(ptrs);
+  free(lens);
+  return ret;
+}
+
+CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int key,
+                                           chorus_comm_t **newcomm) {
+  split_entry_t *tab = NULL;
+  chorus_comm_t *c = NULL;
+  int *members = NULL, n = 0;
+  chorus_result ret;
+
+  if (!eng_handle_valid(comm, ENG_HANDLE_COMM))
+    return eng_error(CHORUS_ERR_INVALID_COMM,
+                     "chorus_comm_split: not a live communicator (NULL or destroyed)");
+  if (!newcomm)
+    return comm_error(comm, CHORUS_ERR_INVALID_ARG, "comm_split: newcomm is NULL");
+  *newcomm = NULL;
+  if (color < CHORUS_SPLIT_NONE)
+    return comm_error(comm, CHORUS_ERR_INVALID_ARG,
+                      "comm_split: color %d is negative (CHORUS_SPLIT_NONE, -1, joins no group)",
+                      color);
+
+  if ((ret = split_gather_colors(comm, color, key, &tab)))
+    return ret;
+  if (color != CHORUS_SPLIT_NONE) {
+    members = split_members(tab, comm->size, color, &n);
+    int me = -1;
+    for (int i = 0; members && i < n; i++)
+      if (members[i] == comm->rank)
+        me = i;
+    c = members && me >= 0 ? comm_alloc(me, n) : NULL;
+    if (c) {
+      c->set = comm->set;
+      c->topo = topo_sub(comm->topo, members, n);
+    }
+    if (!c || !c->topo)
+      ret = comm_error(comm, CHORUS_ERR_NO_MEMORY, "comm_split: out of memory");
+  }
+  /* From here every parent rank goes through the same rounds whatever
+   * failed locally, so that the others are not left waiting. */
+  if (comm->local) {
+    chorus_result sret = split_share_job(comm, ret ? NULL : c, members);
+    ret = ret ? ret : sret;
+  }
+  chorus_result opened = ret;
+  if (c && !opened)
+    opened = comm_open_transport(c);
+  chorus_result xret = split_exchange(comm, ret ? NULL : c, members, opened);
+  ret = ret ? ret : xret;
+  if (!ret && c) {
+    if ((ret = comm_start(c)) || (ret = comm_register(c)))
+      comm_error(comm, ret, "comm_split: %s", c->last_error);
+  } else if (ret && c && c->last_error[0] && strcmp(c->last_error, "no error") != 0) {
+    comm_error(comm, ret, "comm_split: %s", c->last_error);
+  }
+  if (ret) {
+    if (c)
+      comm_free(c);
+    c = NULL;
+  } else if (c) {
+    eng_log(ENG_INFO, comm->rank, "comm", "split: color %d, rank %d of %d over %s", color, c->rank,
+            c->size, c->prov->name);
+  }
+  free(members);
+  free(tab);
+  *newcomm = c;
+  return ret;
+}
