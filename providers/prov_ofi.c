@@ -86,6 +86,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
 
+#include "memreg.h"
 #include "prov_internal.h"
 
 #define OFI_API_VERSION FI_VERSION(1, 9)
@@ -103,6 +104,7 @@
 #define OFI_RNDV_MIN (64 * 1024)
 #define OFI_RNDV_DATA 0x434d4152u /* "CMAR", the descriptor's remote CQ data */
 #define OFI_TAG_ACK (1ULL << 63)  /* reserved tag bit: rendezvous acks */
+#define OFI_MAPS 32 /* peers' chorus_mem_alloc regions kept mapped (LRU) */
 #define OFI_DB_NAME_MAX 100
 #define OFI_NAP_MIN_US 50
 #define OFI_NAP_MAX_US 10000
@@ -136,6 +138,10 @@ struct ofi_slot {
     uint64_t addr, len, cookie;
     int32_t pid;
     uint32_t magic;
+    /* when the data lies in a chorus_mem_alloc region (rid != 0): */
+    uint64_t rid, ino, roff;
+    int32_t rfd;
+    uint32_t pad;
   } desc;
   union {
     struct fi_context ctx;
@@ -167,8 +173,20 @@ struct ofi_db_peer {
   socklen_t salen;
 };
 
+/* A peer's region, mapped read-only here. */
+struct ofi_map {
+  int32_t pid;
+  uint64_t rid;
+  const unsigned char *base;
+  size_t size;
+  uint64_t last_use;
+};
+
 struct ofi_ep {
   prov_t base;
+  struct ofi_map maps[OFI_MAPS];
+  uint64_t map_uses;
+  prov_ofi_rndv_stats_t rndv_stats;
   int rank, nranks;
   char prov_name[64];
   char errmsg[256];
@@ -984,6 +1002,15 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
   s->desc.cookie = ((uint64_t)s->gen << 32) | ofi_slot_index(o, s);
   s->desc.pid = o->pid;
   s->desc.magic = OFI_RNDV_DATA;
+  memreg_info_t mi;
+  if (memreg_lookup(buf, len, &mi)) {
+    s->desc.rid = mi.id;
+    s->desc.ino = mi.ino;
+    s->desc.roff = mi.off;
+    s->desc.rfd = mi.fd;
+  } else {
+    s->desc.rid = 0;
+  }
   s->rndv_status = 0;
   s->ack_status = -EIO;
   rc = fi_tsenddata(o->ep, &s->desc, sizeof(s->desc), NULL, OFI_RNDV_DATA, o->peers[s->peer],
@@ -1041,16 +1068,85 @@ static void ofi_flush_acks(struct ofi_ep *o) {
   o->nacks = k;
 }
 
-/* A descriptor landed in the receive buffer of s: copy the data, ack it.
- * Returns the status to deliver; *len is set to the bytes received. */
+/* The data of descriptor d in this process, when the sender's buffer lies
+ * in a region we can map (cached, least recently used mapping evicted);
+ * NULL otherwise (then CMA is used). */
+static const unsigned char *ofi_map_region(struct ofi_ep *o, const struct ofi_rndv_desc *d) {
+  struct ofi_map *m, *victim = &o->maps[0];
+  char path[64];
+  struct stat st;
+  void *p;
+  int fd;
+
+  if (!d->rid)
+    return NULL;
+  for (int i = 0; i < OFI_MAPS; i++) {
+    m = &o->maps[i];
+    if (m->base && m->pid == d->pid && m->rid == d->rid) {
+      if (d->roff > m->size || d->len > m->size - d->roff)
+        return NULL;
+      m->last_use = ++o->map_uses;
+      return m->base + d->roff;
+    }
+    if (!m->base || (victim->base && m->last_use < victim->last_use))
+      victim = m;
+  }
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)d->pid, (int)d->rfd);
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return NULL;
+  /* the fd number might have been reused: the inode tells */
+  if (fstat(fd, &st) || (uint64_t)st.st_ino != d->ino || (uint64_t)st.st_size < d->roff ||
+      (uint64_t)st.st_size - d->roff < d->len) {
+    close(fd);
+    return NULL;
+  }
+  p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED)
+    return NULL;
+  if (victim->base)
+    munmap((void *)victim->base, victim->size);
+  *victim = (struct ofi_map){d->pid, d->rid, p, (size_t)st.st_size, ++o->map_uses};
+  return victim->base + d->roff;
+}
+
+static void ofi_unmap_all(struct ofi_ep *o) {
+  for (int i = 0; i < OFI_MAPS; i++)
+    if (o->maps[i].base) {
+      munmap((void *)o->maps[i].base, o->maps[i].size);
+      o->maps[i].base = NULL;
+    }
+}
+
+/* A descriptor landed in the receive buffer of s: copy the data (or lend
+ * it, see PROV_OP_BORROW), ack it. Returns the status to deliver; *len is
+ * set to the bytes received. */
 static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t *len) {
   struct ofi_rndv_desc d;
+  const unsigned char *mapped;
   int status = 0;
 
   memcpy(&d, buf, sizeof(d));
   if (d.magic != OFI_RNDV_DATA) {
     ofi_seterr(o, "recv from rank %d: malformed rendezvous descriptor", s->peer);
     return -EPROTO;
+  }
+  if (d.len <= s->len && (mapped = ofi_map_region(o, &d))) {
+    *len = (size_t)d.len;
+    if (s->op->flags & PROV_OP_BORROW) {
+      /* the ack waits for release() */
+      o->rndv_stats.borrowed_bytes += d.len;
+      s->op->borrowed = mapped;
+      s->op->internal[2] = (void *)(uintptr_t)d.cookie;
+      s->op->internal[3] = (void *)(intptr_t)s->peer;
+      return 0;
+    }
+    memcpy(buf, mapped, (size_t)d.len);
+    o->rndv_stats.mapped_bytes += d.len;
+    if (!ofi_send_ack(o, s->peer, d.cookie, 0))
+      ofi_queue_ack(o, s->peer, d.cookie, 0);
+    return 0;
   }
   if (d.len > s->len) {
     ofi_seterr(o, "recv from rank %d tag %#llx: %llu bytes into %zu (message longer than the "
@@ -1072,10 +1168,30 @@ static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t
       done += (size_t)got;
     }
     *len = done;
+    o->rndv_stats.cma_bytes += done;
   }
   if (!ofi_send_ack(o, s->peer, d.cookie, status))
     ofi_queue_ack(o, s->peer, d.cookie, status);
   return status;
+}
+
+int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out) {
+  if (!p || p->ops != &prov_ofi_ops || !out)
+    return -EINVAL;
+  *out = to_ofi(p)->rndv_stats;
+  return 0;
+}
+
+static void ofi_release(prov_t *p, prov_op_t *op) {
+  struct ofi_ep *o = to_ofi(p);
+  uint64_t cookie = (uint64_t)(uintptr_t)op->internal[2];
+  int peer = (int)(intptr_t)op->internal[3];
+
+  if (!op->borrowed)
+    return;
+  op->borrowed = NULL;
+  if (!ofi_send_ack(o, peer, cookie, 0))
+    ofi_queue_ack(o, peer, cookie, 0);
 }
 
 static int ofi_post_send(prov_t *p, int peer, const void *buf, size_t len, uint64_t tag,
@@ -1111,6 +1227,7 @@ static int ofi_post_recv(prov_t *p, int peer, void *buf, size_t len, uint64_t ta
   s = ofi_slot_fill(o, false, p, peer, len, tag, op);
   if (!s)
     return -EAGAIN;
+  op->borrowed = NULL;
   s->rbuf = buf;
   rc = fi_trecv(o->ep, buf, len, NULL, o->directed ? o->peers[peer] : FI_ADDR_UNSPEC, tag, 0,
                 &s->fctx);
@@ -1399,6 +1516,7 @@ static void ofi_close(prov_t *p) {
       ofi_deliver(o, &o->slots[i], -ECANCELED, 0);
     }
   free(o->acks);
+  ofi_unmap_all(o);
 
   fi_close(&o->cq->fid);
   fi_close(&o->av->fid);
@@ -1431,4 +1549,5 @@ const prov_ops_t prov_ofi_ops = {
     .disarm = ofi_disarm,
     .max_posted = ofi_max_posted,
     .close = ofi_close,
+    .release = ofi_release,
 };
