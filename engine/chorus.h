@@ -183,10 +183,10 @@ CHORUS_API chorus_result chorus_reduce(chorus_comm_t *comm, const void *sendbuf,
 CHORUS_API chorus_result chorus_ireduce(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
                                         size_t count, chorus_dtype dtype, chorus_op op, int root,
                                         chorus_request_t **req);
-CHORUS_API chorus_result chorus_allgather(chorus_comm_t *comm, const void *sendbuf,
-                                          void *recvbuf, size_t count, chorus_dtype dtype);
-CHORUS_API chorus_result chorus_iallgather(chorus_comm_t *comm, const void *sendbuf,
-                                           void *recvbuf, size_t count, chorus_dtype dtype,
+CHORUS_API chorus_result chorus_allgather(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                          size_t count, chorus_dtype dtype);
+CHORUS_API chorus_result chorus_iallgather(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                           size_t count, chorus_dtype dtype,
                                            chorus_request_t **req);
 CHORUS_API chorus_result chorus_reduce_scatter(chorus_comm_t *comm, const void *sendbuf,
                                                void *recvbuf, size_t count, chorus_dtype dtype,
@@ -196,9 +196,8 @@ CHORUS_API chorus_result chorus_ireduce_scatter(chorus_comm_t *comm, const void 
                                                 chorus_op op, chorus_request_t **req);
 CHORUS_API chorus_result chorus_alltoall(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
                                          size_t count, chorus_dtype dtype);
-CHORUS_API chorus_result chorus_ialltoall(chorus_comm_t *comm, const void *sendbuf,
-                                          void *recvbuf, size_t count, chorus_dtype dtype,
-                                          chorus_request_t **req);
+CHORUS_API chorus_result chorus_ialltoall(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                          size_t count, chorus_dtype dtype, chorus_request_t **req);
 CHORUS_API chorus_result chorus_gather(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
                                        size_t count, chorus_dtype dtype, int root);
 CHORUS_API chorus_result chorus_igather(chorus_comm_t *comm, const void *sendbuf, void *recvbuf,
@@ -230,8 +229,7 @@ CHORUS_API chorus_result chorus_irecv(chorus_comm_t *comm, void *buf, size_t cou
 CHORUS_API chorus_result chorus_allreduce_multi(chorus_comm_t *comm, const void *const *sendbufs,
                                                 void *const *recvbufs, const size_t *counts,
                                                 int nbufs, chorus_dtype dtype, chorus_op op);
-CHORUS_API chorus_result chorus_iallreduce_multi(chorus_comm_t *comm,
-                                                 const void *const *sendbufs,
+CHORUS_API chorus_result chorus_iallreduce_multi(chorus_comm_t *comm, const void *const *sendbufs,
                                                  void *const *recvbufs, const size_t *counts,
                                                  int nbufs, chorus_dtype dtype, chorus_op op,
                                                  chorus_request_t **req);

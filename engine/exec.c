@@ -137,8 +137,8 @@ static void a_run(fsm_inst_t *i, const fsm_event_t *ev) {
 
   switch (ps->kind) {
   case STEP_REDUCE:
-    reduce_apply(at(ex, ps->dst), src_ptr(ex, st, ps->src),
-                 src_ptr(ex, st, ps->src2), ps->bytes / es, p->dtype, p->op);
+    reduce_apply(at(ex, ps->dst), src_ptr(ex, st, ps->src), src_ptr(ex, st, ps->src2),
+                 ps->bytes / es, p->dtype, p->op);
     borrow_consumed(ex, st);
     break;
   case STEP_COPY:
@@ -360,14 +360,14 @@ static int post_step(exec_ctx_t *ctx, exec_t *ex, uint32_t idx) {
   int rc;
 
   if (ps->kind == STEP_SEND)
-    rc = ctx->prov->ops->post_send(
-        ctx->prov, ps->peer, at(ex, ps->src), ps->bytes,
-        exec_tag(ctx->rank, ctx->comm_id, ex->seq, ps->msg | ex->msg_or), &st->op);
+    rc = ctx->prov->ops->post_send(ctx->prov, ps->peer, at(ex, ps->src), ps->bytes,
+                                   exec_tag(ctx->rank, ctx->comm_id, ex->seq, ps->msg | ex->msg_or),
+                                   &st->op);
   else {
     st->op.flags = st->borrowable ? PROV_OP_BORROW : 0;
-    rc = ctx->prov->ops->post_recv(
-        ctx->prov, ps->peer, at(ex, ps->dst), ps->bytes,
-        exec_tag(ps->peer, ctx->comm_id, ex->seq, ps->msg | ex->msg_or), &st->op);
+    rc = ctx->prov->ops->post_recv(ctx->prov, ps->peer, at(ex, ps->dst), ps->bytes,
+                                   exec_tag(ps->peer, ctx->comm_id, ex->seq, ps->msg | ex->msg_or),
+                                   &st->op);
   }
   if (rc == 0) {
     ex->nposted++;

@@ -125,8 +125,8 @@ int prov_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errle
 /* prov_multi: what went where, for logs and tests. child 0 is the
  * provider inside the host (A), child 1 the one between hosts (B). */
 typedef struct prov_multi_stats {
-  const char *child_name[2]; /* provider in use, or NULL when not opened */
-  int child_nranks[2];       /* peers the child was opened for (0: not opened) */
+  const char *child_name[2];        /* provider in use, or NULL when not opened */
+  int child_nranks[2];              /* peers the child was opened for (0: not opened) */
   uint64_t sends[2], send_bytes[2]; /* sends posted on each child */
   uint64_t recvs[2];                /* receives posted on each child */
 } prov_multi_stats_t;

@@ -104,7 +104,7 @@
 #define OFI_RNDV_MIN (64 * 1024)
 #define OFI_RNDV_DATA 0x434d4152u /* "CMAR", the descriptor's remote CQ data */
 #define OFI_TAG_ACK (1ULL << 63)  /* reserved tag bit: rendezvous acks */
-#define OFI_MAPS 32 /* peers' chorus_mem_alloc regions kept mapped (LRU) */
+#define OFI_MAPS 32               /* peers' chorus_mem_alloc regions kept mapped (LRU) */
 #define OFI_DB_NAME_MAX 100
 #define OFI_NAP_MIN_US 50
 #define OFI_NAP_MAX_US 10000
@@ -200,7 +200,7 @@ struct ofi_ep {
   struct fid_ep *ep;
   bool directed;     /* FI_DIRECTED_RECV granted */
   size_t inject_len; /* sends up to this complete without the receiver */
-  bool rndv;          /* single-copy rendezvous for large messages (shm + CMA) */
+  bool rndv;         /* single-copy rendezvous for large messages (shm + CMA) */
   int32_t pid;
   /* acks that met -EAGAIN, retried by progress() */
   struct ofi_ack {
@@ -731,15 +731,13 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
     o->rndv = !db_cma_disabled();
     if (o->rndv)
       o->max_posted = o->max_posted / 2 ? o->max_posted / 2 : 1;
-  }
-  else if (strncmp(o->prov_name, "udp", 3) == 0) {
+  } else if (strncmp(o->prov_name, "udp", 3) == 0) {
     o->wait = OFI_WAIT_TIMER;
     /* udp;ofi_rxd stalls silently, for good, once a peer has more
      * unacknowledged messages than its window: stay well inside it */
     if (o->max_posted > OFI_RXD_MAX_POSTED)
       o->max_posted = OFI_RXD_MAX_POSTED;
-  }
-  else
+  } else
     o->wait = OFI_WAIT_CQ_FD;
 
   rc = fi_fabric(o->info->fabric_attr, &o->fabric, NULL);
@@ -967,7 +965,6 @@ static void db_track_nap(struct ofi_ep *o, struct ofi_slot *s) {
   o->db_nap_sar += s->nap == OFI_NAP_SAR;
 }
 
-
 /* ---- single-copy rendezvous (shm with CMA) ----
  *
  * libfabric's shm copies large messages with CMA too, but does it holding
@@ -1149,9 +1146,10 @@ static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t
     return 0;
   }
   if (d.len > s->len) {
-    ofi_seterr(o, "recv from rank %d tag %#llx: %llu bytes into %zu (message longer than the "
-               "receive buffer)", s->peer, (unsigned long long)s->tag,
-               (unsigned long long)d.len, s->len);
+    ofi_seterr(o,
+               "recv from rank %d tag %#llx: %llu bytes into %zu (message longer than the "
+               "receive buffer)",
+               s->peer, (unsigned long long)s->tag, (unsigned long long)d.len, s->len);
     status = -EMSGSIZE;
   } else {
     size_t done = 0;
