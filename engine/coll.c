@@ -139,7 +139,7 @@ CHORUS_API chorus_result chorus_group_end(void) {
    * receive it pairs with on the peer are both in flight. */
   for (size_t i = 0; i < g->n; i++)
     if (g->q[i])
-      comm_submit(g->q[i]->comm, g->q[i]);
+      comm_submit(g->q[i]->comm, g->q[i], true);
   first = g->first_err;
   if (first)
     eng_error(first, "chorus_group_end: a call inside the group failed: %s",
@@ -840,9 +840,8 @@ static chorus_result coll_issue(chorus_comm_t *comm, const coll_call_t *k, choru
       *req = r;
     return CHORUS_SUCCESS;
   }
-  comm->no_wake = blocking; /* a blocking call drives it itself (comm_drive) */
-  comm_submit(comm, r);
-  comm->no_wake = false;
+  /* a blocking call drives it itself (comm_drive): no wake-up */
+  comm_submit(comm, r, !blocking);
   if (!blocking) {
     *req = r;
     return CHORUS_SUCCESS;

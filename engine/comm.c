@@ -2,11 +2,13 @@
  * comm.c - communicators: creation (bootstrap, transport, progress thread),
  * destruction, argument validation and the allreduce entry points.
  *
- * Threads: the application thread calls the API; one progress thread per
- * communicator owns the transport and the executor. They meet in the
- * command queue (application -> progress, under `lock`, with an eventfd to
- * wake a sleeping progress thread) and in request completion (progress ->
- * application, an atomic flag plus a condition variable for sleepers).
+ * Threads: the application thread calls the API; the transport and the
+ * executor belong to whoever holds `prog_lock`: the communicator's progress
+ * thread, or an application thread waiting for a request while the
+ * progress thread is idle (comm_drive). They meet in the command queue
+ * (application -> executor, under `lock`, with an eventfd to wake a
+ * sleeping progress thread for nonblocking calls) and in request completion
+ * (an atomic flag plus a condition variable for sleepers).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -366,8 +368,6 @@ static void *progress_main(void *arg) {
 
 static void progress_wake(chorus_comm_t *c) {
   uint64_t one = 1;
-  if (c->no_wake)
-    return; /* the caller drives this one itself (comm_drive_until) */
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load(&c->sleeping) && write(c->cmd_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
     eng_log(ENG_WARN, c->rank, "progress", "eventfd write: %s", strerror(errno));
@@ -672,6 +672,7 @@ chorus_result comm_start(chorus_comm_t *c) {
   c->ex.prov = c->prov;
   c->ex.rank = c->rank;
   c->ex.comm_id = 0;
+  c->ex.scratch_keep = c->set.buffsize;
   size_t pm = c->prov->ops->max_posted(c->prov);
   c->ex.max_posted = c->set.max_posted < pm ? c->set.max_posted : pm;
   if (c->ex.max_posted == 0)
@@ -855,7 +856,7 @@ CHORUS_API const char *chorus_comm_provider(const chorus_comm_t *comm) {
 
 /* ---- requests to the progress thread ---- */
 
-void comm_submit(chorus_comm_t *c, chorus_request_t *req) {
+void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake) {
   req->submitted = true;
   pthread_mutex_lock(&c->lock);
   if (c->cmd_tail)
@@ -865,5 +866,6 @@ void comm_submit(chorus_comm_t *c, chorus_request_t *req) {
   c->cmd_tail = req;
   atomic_store_explicit(&c->cmd_pending, 1, memory_order_release);
   pthread_mutex_unlock(&c->lock);
-  progress_wake(c);
+  if (wake)
+    progress_wake(c);
 }

@@ -84,8 +84,7 @@ struct chorus_comm {
    * progress thread while awake, or an application thread waiting in
    * chorus_wait (caller-driven progress: no hand-off, no wake-up). */
   pthread_mutex_t prog_lock;
-  bool armed;   /* under prog_lock: the transport is armed for a sleeper */
-  bool no_wake; /* application thread: a blocking call will drive itself */
+  bool armed; /* under prog_lock: the transport is armed for a sleeper */
   atomic_int stop;
 
   /* shared between application and progress threads, under lock */
@@ -152,7 +151,7 @@ chorus_result comm_xport_allgather(chorus_comm_t *c, const void *mine, size_t le
                                    size_t **lens);
 
 /* Hands a request to the progress thread (comm.c). */
-void comm_submit(chorus_comm_t *c, chorus_request_t *req);
+void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake);
 
 /* Collectives (coll.c). coll_comm_init sets up selection (CHORUS_ERR_ENV
  * with a message on a bad CHORUS_ALGO) and the point-to-point counters;

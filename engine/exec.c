@@ -273,7 +273,9 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
   ex->q_send = ex->q_local + n;
   ex->q_recv = ex->q_send + n;
   if (plan->scratch_bytes) {
-    if (!ctx->scratch_lent) {
+    /* the cached buffer serves plans up to CHORUS_BUFFSIZE; a larger one
+     * gets its own scratch for the run, freed when it ends */
+    if (!ctx->scratch_lent && (!ctx->scratch_keep || plan->scratch_bytes <= ctx->scratch_keep)) {
       if (ctx->scratch_bytes < plan->scratch_bytes) {
         free(ctx->scratch);
         ctx->scratch = scratch_alloc(plan->scratch_bytes);

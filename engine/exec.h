@@ -33,7 +33,8 @@ typedef struct exec_ctx {
   bool stalled;   /* the last drive met -EAGAIN: retry on a timer, not on the fd */
   exec_t *active; /* running plans, oldest first */
   exec_t *active_tail;
-  void *scratch; /* cached scratch buffer, lent to one plan at a time */
+  void *scratch;       /* cached scratch buffer, lent to one plan at a time */
+  size_t scratch_keep; /* CHORUS_BUFFSIZE: largest scratch kept between runs */
   size_t scratch_bytes;
   bool scratch_lent;
 } exec_ctx_t;

@@ -91,7 +91,8 @@ static const struct setting settings_table[] = {
      "(collective=algo[:min-max],...;...); empty = chosen by the cost model",
      FIELD(algo), 0, 0},
     {"CHORUS_BUFFSIZE", SET_SIZE, "4M",
-     "staging (scratch) bytes a communicator may keep per collective; K, M, G suffixes",
+     "largest scratch buffer a communicator keeps between collectives (a schedule needing "
+     "more allocates its own per call); K, M, G suffixes",
      FIELD(buffsize), 4096, 1099511627776.0},
     {"CHORUS_VERIFY", SET_BOOL, "1",
      "check each compiled schedule before its first run (every send has one matching receive, "
@@ -154,7 +155,6 @@ static const char *env_get(const char *name) {
   const char *v = getenv(name);
   return v && *v ? v : NULL;
 }
-
 
 /* A value quoted in a message: printable and not too long. */
 static const char *quote(const char *v, char *buf, size_t len) {
@@ -322,7 +322,7 @@ static int setting_apply(const struct setting *st, const char *v, chorus_setting
   case SET_SECRET:
     if (strlen(v) >= st->size) {
       eng_errf(err, errlen, "%s is too long (%zu characters, at most %zu)", st->name, strlen(v),
-              st->size - 1);
+               st->size - 1);
       return -1;
     }
     memcpy(field, v, strlen(v) + 1);
@@ -363,11 +363,12 @@ static int setting_apply(const struct setting *st, const char *v, chorus_setting
   return 0;
 
 bad:
-  eng_errf(err, errlen, "%s='%s' is not valid (%s)", st->name, quote(v, q, sizeof(q)), expected(st));
+  eng_errf(err, errlen, "%s='%s' is not valid (%s)", st->name, quote(v, q, sizeof(q)),
+           expected(st));
   return -1;
 range:
   eng_errf(err, errlen, "%s='%s' is out of range (accepted: %g to %g)", st->name,
-          quote(v, q, sizeof(q)), st->min, st->max);
+           quote(v, q, sizeof(q)), st->min, st->max);
   return -1;
 }
 
@@ -414,17 +415,17 @@ static int launch_int(const char *name, long min, long *out, char *err, size_t e
   rc = parse_u64(v, &u, NULL);
   if (rc == -ERANGE && *skip_space(v) == '-') {
     eng_errf(err, errlen, "%s='%s' is negative (expected a whole number >= %ld)", name,
-            quote(v, q, sizeof(q)), min);
+             quote(v, q, sizeof(q)), min);
     return -1;
   }
   if (rc) {
     eng_errf(err, errlen, "%s='%s' is not a number (expected a whole number >= %ld)", name,
-            quote(v, q, sizeof(q)), min);
+             quote(v, q, sizeof(q)), min);
     return -1;
   }
   if (u > INT32_MAX || (long)u < min) {
     eng_errf(err, errlen, "%s='%s' is out of range (expected a whole number >= %ld and < 2^31)",
-            name, quote(v, q, sizeof(q)), min);
+             name, quote(v, q, sizeof(q)), min);
     return -1;
   }
   *out = (long)u;
@@ -449,17 +450,17 @@ static int check_hostport(const char *name, const char *v, char *err, size_t err
 
   if (!colon || colon == v) {
     eng_errf(err, errlen, "%s='%s' is not host:port (e.g. %s=node001:29500)", name,
-            quote(v, q, sizeof(q)), name);
+             quote(v, q, sizeof(q)), name);
     return -1;
   }
   if (v[0] == '[' ? colon[-1] != ']' || colon - v < 3 : memchr(v, ':', colon - v) != NULL) {
     eng_errf(err, errlen, "%s='%s' is not host:port (write IPv6 addresses as [addr]:port)", name,
-            quote(v, q, sizeof(q)));
+             quote(v, q, sizeof(q)));
     return -1;
   }
   if (parse_port(colon + 1, &port)) {
     eng_errf(err, errlen, "%s='%s': port '%s' is out of range (expected 1-65535)", name,
-            quote(v, q, sizeof(q)), colon + 1);
+             quote(v, q, sizeof(q)), colon + 1);
     return -1;
   }
   return 0;
@@ -483,7 +484,7 @@ static int launch_rendezvous(chorus_launch_env_t *e, const struct launcher *l, c
   if (addr && port) {
     if (parse_port(port, &p)) {
       eng_errf(err, errlen, "MASTER_PORT='%s' is not a port (expected a number in 1-65535)",
-              quote(port, q, sizeof(q)));
+               quote(port, q, sizeof(q)));
       return -1;
     }
     if (strchr(addr, ':') && addr[0] != '[')
@@ -494,34 +495,35 @@ static int launch_rendezvous(chorus_launch_env_t *e, const struct launcher *l, c
   }
   if (addr || port) {
     eng_errf(err, errlen,
-            "%s is set but %s is not: set both MASTER_ADDR and MASTER_PORT, or "
-            "CHORUS_RENDEZVOUS=host:port",
-            addr ? "MASTER_ADDR" : "MASTER_PORT", addr ? "MASTER_PORT" : "MASTER_ADDR");
+             "%s is set but %s is not: set both MASTER_ADDR and MASTER_PORT, or "
+             "CHORUS_RENDEZVOUS=host:port",
+             addr ? "MASTER_ADDR" : "MASTER_PORT", addr ? "MASTER_PORT" : "MASTER_ADDR");
     return -1;
   }
   if (!strcmp(l->source, "slurm"))
-    eng_errf(err, errlen,
-            "rank and size come from Slurm (SLURM_PROCID, SLURM_NTASKS) but no rendezvous "
-            "address is set: export CHORUS_RENDEZVOUS=<host of rank 0>:<free port>, e.g. "
-            "CHORUS_RENDEZVOUS=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1):29500 "
-            "(or set MASTER_ADDR and MASTER_PORT)");
+    eng_errf(
+        err, errlen,
+        "rank and size come from Slurm (SLURM_PROCID, SLURM_NTASKS) but no rendezvous "
+        "address is set: export CHORUS_RENDEZVOUS=<host of rank 0>:<free port>, e.g. "
+        "CHORUS_RENDEZVOUS=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1):29500 "
+        "(or set MASTER_ADDR and MASTER_PORT)");
   else if (!strcmp(l->source, "openmpi"))
     eng_errf(err, errlen,
-            "rank and size come from Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE) but no "
-            "rendezvous address is set: pass CHORUS_RENDEZVOUS=<host of rank 0>:<free port> to "
-            "every rank, e.g. mpirun -x CHORUS_RENDEZVOUS=node001:29500 ... (or set MASTER_ADDR "
-            "and MASTER_PORT)");
+             "rank and size come from Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE) but no "
+             "rendezvous address is set: pass CHORUS_RENDEZVOUS=<host of rank 0>:<free port> to "
+             "every rank, e.g. mpirun -x CHORUS_RENDEZVOUS=node001:29500 ... (or set MASTER_ADDR "
+             "and MASTER_PORT)");
   else
     eng_errf(err, errlen,
-            "rank and size come from %s (%s, %s) but no rendezvous address is set: set "
-            "CHORUS_RENDEZVOUS=<host of rank 0>:<free port> (or MASTER_ADDR and MASTER_PORT)",
-            l->title, l->rank, l->size);
+             "rank and size come from %s (%s, %s) but no rendezvous address is set: set "
+             "CHORUS_RENDEZVOUS=<host of rank 0>:<free port> (or MASTER_ADDR and MASTER_PORT)",
+             l->title, l->rank, l->size);
   return -1;
 
 check_len:
   if (n < 0 || (size_t)n >= sizeof(e->rendezvous)) {
     eng_errf(err, errlen, "the rendezvous address is too long (%d characters, at most %zu)", n,
-            sizeof(e->rendezvous) - 1);
+             sizeof(e->rendezvous) - 1);
     return -1;
   }
   return 0;
@@ -568,10 +570,10 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
   }
   if (!l) {
     eng_errf(err, errlen,
-            "no launcher environment found: set CHORUS_RANK, CHORUS_WORLD_SIZE and "
-            "CHORUS_RENDEZVOUS=host:port, or launch with torchrun (RANK, WORLD_SIZE, "
-            "MASTER_ADDR, MASTER_PORT), Open MPI mpirun (OMPI_COMM_WORLD_RANK, "
-            "OMPI_COMM_WORLD_SIZE) or Slurm srun (SLURM_PROCID, SLURM_NTASKS)");
+             "no launcher environment found: set CHORUS_RANK, CHORUS_WORLD_SIZE and "
+             "CHORUS_RENDEZVOUS=host:port, or launch with torchrun (RANK, WORLD_SIZE, "
+             "MASTER_ADDR, MASTER_PORT), Open MPI mpirun (OMPI_COMM_WORLD_RANK, "
+             "OMPI_COMM_WORLD_SIZE) or Slurm srun (SLURM_PROCID, SLURM_NTASKS)");
     return -1;
   }
 
@@ -591,7 +593,7 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
   }
   if (rank >= size) {
     eng_errf(err, errlen, "%s=%ld is out of range: %s=%ld (the rank must be below the size)",
-            l->rank, rank, l->size, size);
+             l->rank, rank, l->size, size);
     return -1;
   }
 
@@ -604,7 +606,7 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
   }
   if (lrank >= 0 && lsize > 0 && lrank >= lsize) {
     eng_errf(err, errlen, "%s=%ld is out of range: %s=%ld (the local rank must be below it)",
-            lr_name, lrank, ls_name, lsize);
+             lr_name, lrank, ls_name, lsize);
     return -1;
   }
   if (lrank >= size) {

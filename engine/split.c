@@ -91,7 +91,7 @@ static chorus_result ctl_round(chorus_comm_t *c, const void *mine, void *all) {
   r->recvbuf = all;
   r->coll = COLL_ALLGATHER;
   r->seq = c->seq++;
-  comm_submit(c, r);
+  comm_submit(c, r, true);
   request_wait_done(r);
   chorus_result ret = r->result;
   /* request_complete touches nothing of r after marking it done */

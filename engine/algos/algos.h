@@ -113,7 +113,6 @@ static inline size_t algo_chunk_unit(size_t chunk_bytes, size_t es) {
 static inline size_t algo_npieces(size_t bytes, size_t unit) {
   return bytes / unit + (bytes % unit ? 1 : 0);
 }
-#define ALGO_MSG_LIMIT ALGO_MAX_MSGS /* see the top of this file */
 
 /* Which steps wrote a buffer, cell by cell, so that a later step can wait
  * for exactly the writers of the bytes it touches (or of their cell: a

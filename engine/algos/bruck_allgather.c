@@ -44,7 +44,7 @@ int algo_bruck_allgather(const algo_args_t *a, plan_t **out) {
   size_t total = 0;
   for (size_t d = 1; d < (size_t)n; d <<= 1)
     total += algo_npieces((d < (size_t)n - d ? d : (size_t)n - d) * B, unit);
-  if (total > ALGO_MSG_LIMIT)
+  if (total > ALGO_MAX_MSGS)
     return -E2BIG;
   if ((rc = plan_build_begin(&b, "bruck", r, n, a->count, a->dtype, a->op, inplace)))
     return rc;

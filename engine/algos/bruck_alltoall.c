@@ -64,7 +64,7 @@ int algo_bruck_alltoall(const algo_args_t *a, plan_t **out) {
     allcnt += cnt;
     nmsg += algo_npieces(cnt * B, unit);
   }
-  if (nmsg > ALGO_MSG_LIMIT)
+  if (nmsg > ALGO_MAX_MSGS)
     return -E2BIG;
   if ((rc = plan_build_begin(&b, "bruck", r, n, a->count, a->dtype, a->op, false)))
     return rc;

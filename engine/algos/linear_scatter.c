@@ -27,7 +27,7 @@ int algo_linear_scatter(const algo_args_t *a, plan_t **out) {
     return -E2BIG;
   const size_t bytes = a->count * es, unit = algo_chunk_unit(a->chunk_bytes, es);
   const size_t nmsg = algo_npieces(bytes, unit);
-  if (nmsg && nmsg > ALGO_MSG_LIMIT / (size_t)n)
+  if (nmsg && nmsg > ALGO_MAX_MSGS / (size_t)n)
     return -E2BIG;
   if ((rc = plan_build_begin(&b, "linear", r, n, a->count, a->dtype, a->op, a->inplace)))
     return rc;

@@ -30,7 +30,7 @@ int algo_p2p(const algo_args_t *a, plan_t **out) {
     return -E2BIG;
   const size_t bytes = a->count * es, unit = algo_chunk_unit(a->chunk_bytes, es);
   const size_t nmsg = algo_npieces(bytes, unit);
-  if (nmsg > ALGO_MSG_LIMIT)
+  if (nmsg > ALGO_MAX_MSGS)
     return -E2BIG;
   if ((rc = plan_build_begin(&b, "p2p", a->rank, a->nranks, a->count, a->dtype, a->op, false)))
     return rc;

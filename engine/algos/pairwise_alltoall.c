@@ -34,7 +34,7 @@ int algo_pairwise_alltoall(const algo_args_t *a, plan_t **out) {
     return -E2BIG;
   const size_t bytes = a->count * es, unit = algo_chunk_unit(a->chunk_bytes, es);
   const size_t nch = algo_npieces(bytes, unit);
-  if (nch && nch > ALGO_MSG_LIMIT / (size_t)n)
+  if (nch && nch > ALGO_MAX_MSGS / (size_t)n)
     return -E2BIG;
   if ((rc = plan_build_begin(&b, "pairwise", r, n, a->count, a->dtype, a->op, false)))
     return rc;

@@ -93,7 +93,7 @@ int algo_rd_allgather(const algo_args_t *a, plan_t **out) {
   while (p * 2 <= (size_t)n)
     p *= 2, rounds++;
   const size_t e = (size_t)n - p, M = algo_npieces((size_t)n * B, unit) + 2;
-  if (M > ALGO_MSG_LIMIT / (rounds + 2))
+  if (M > ALGO_MAX_MSGS / (rounds + 2))
     return -E2BIG;
   if ((rc = plan_build_begin(&b, "rd", r, n, a->count, a->dtype, a->op, inplace)))
     return rc;

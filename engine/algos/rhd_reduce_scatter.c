@@ -144,7 +144,7 @@ int algo_rhd_reduce_scatter(const algo_args_t *a, plan_t **out) {
     h.p *= 2, rounds++;
   h.e = (size_t)n - h.p;
   h.M = algo_npieces((size_t)n * h.B, h.unit) + 2;
-  if (h.M > ALGO_MSG_LIMIT / (rounds + 2))
+  if (h.M > ALGO_MAX_MSGS / (rounds + 2))
     return -E2BIG;
   if ((rc = plan_build_begin(&b, "rhd", r, n, a->count, a->dtype, a->op, inplace)))
     return rc;

@@ -45,7 +45,7 @@ int algo_ring_reduce_scatter(const algo_args_t *a, plan_t **out) {
     return -E2BIG;
   const size_t bytes = a->count * es, unit = algo_chunk_unit(a->chunk_bytes, es);
   const size_t nch = algo_npieces(bytes, unit);
-  if (nch && nch > ALGO_MSG_LIMIT / (size_t)n)
+  if (nch && nch > ALGO_MAX_MSGS / (size_t)n)
     return -E2BIG;
   if ((rc = plan_build_begin(&b, "ring", r, n, a->count, a->dtype, a->op, inplace)))
     return rc;

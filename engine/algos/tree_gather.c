@@ -66,7 +66,7 @@ int algo_tree_gather(const algo_args_t *a, plan_t **out) {
     return -E2BIG;
   const size_t N = (size_t)n, B = a->count * es, unit = algo_chunk_unit(a->chunk_bytes, es);
   const size_t v = (size_t)algo_mod(r - root, n), size = subtree(v, N);
-  if (algo_npieces(N * B, unit) + 2 > ALGO_MSG_LIMIT)
+  if (algo_npieces(N * B, unit) + 2 > ALGO_MAX_MSGS)
     return -E2BIG;
   if ((rc = plan_build_begin(&b, "tree", r, n, a->count, a->dtype, a->op, a->inplace)))
     return rc;

@@ -71,7 +71,7 @@ int algo_tree_scatter(const algo_args_t *a, plan_t **out) {
   size_t levels = 0;
   for (size_t d = 1; d < N; d <<= 1)
     levels++;
-  if (algo_npieces(N * B, unit) + 2 * levels + 1 > ALGO_MSG_LIMIT)
+  if (algo_npieces(N * B, unit) + 2 * levels + 1 > ALGO_MAX_MSGS)
     return -E2BIG;
   if ((rc = plan_build_begin(&b, "tree", r, n, a->count, a->dtype, a->op, a->inplace)))
     return rc;

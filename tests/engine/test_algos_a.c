@@ -178,7 +178,7 @@ static void run_case(const algo_case_t *al, const run_t *o) {
     int rc = al->fn(&a, &plans[r]);
     cr_assert_eq(rc, 0, "%s/%s n=%d count=%zu rank %d: build %d", coll_kind_str(al->coll), al->name,
                  n, o->count, r, rc);
-    cr_assert_lt(plans[r]->nmsgs, ALGO_MSG_LIMIT + 1);
+    cr_assert_lt(plans[r]->nmsgs, ALGO_MAX_MSGS + 1);
     const size_t base = ag ? (size_t)r * bytes : 0;
     if (o->count <= 1009 && n <= 9)
       check_hazards(plans[r], o->inplace, base, al->name);

@@ -79,7 +79,7 @@ static void build(run_t *x, const algo_desc_t *d, algo_args_t a) {
     int rc = d->build(&a, &x->plans[r]);
     cr_assert_eq(rc, 0, "%s/%s: rank %d of %d, count %zu, root %d: %d", coll_kind_str(a.coll),
                  d->name, r, x->n, a.count, a.root, rc);
-    cr_assert_lt(x->plans[r]->nmsgs, ALGO_MSG_LIMIT);
+    cr_assert_lt(x->plans[r]->nmsgs, ALGO_MAX_MSGS);
   }
 }
 
