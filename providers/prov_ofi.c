@@ -99,9 +99,9 @@
 #define OFI_TRYWAIT_TRIES 4
 #define OFI_CLOSE_DRAIN_NS (200 * 1000 * 1000L)
 #define OFI_FABNAME_MAX 256
-/* Single-copy rendezvous (shm with CMA): messages from this size on travel
- * as a descriptor; the receiver copies with process_vm_readv and acks. */
-#define OFI_RNDV_MIN (64 * 1024)
+/* Single-copy rendezvous (shm with CMA): every message above the inject
+ * size travels as a descriptor; the receiver copies with process_vm_readv
+ * and acks (see "single-copy rendezvous" below for why). */
 #define OFI_RNDV_DATA 0x434d4152u /* "CMAR", the descriptor's remote CQ data */
 #define OFI_TAG_ACK (1ULL << 63)  /* reserved tag bit: rendezvous acks */
 #define OFI_MAPS 32               /* peers' chorus_mem_alloc regions kept mapped (LRU) */
@@ -969,8 +969,14 @@ static void db_track_nap(struct ofi_ep *o, struct ofi_slot *s) {
  *
  * libfabric's shm copies large messages with CMA too, but does it holding
  * the receiver's region lock, which senders then spin on: measured here it
- * ran at a third of process_vm_readv's own speed. So for messages of
- * OFI_RNDV_MIN and up, to a peer that allows CMA:
+ * ran at a third of process_vm_readv's own speed. Worse, it completes a
+ * sender's non-inject sends in the order they were posted (one response
+ * queue per sender, read from its head): a send whose receiver has not
+ * posted the receive yet holds back the completion of every later send,
+ * even of sends already received. A schedule where a receive waits for a
+ * later send to finish (a ring reusing its scratch slots) then deadlocks
+ * across ranks. So for every message above the inject size, to a peer that
+ * allows CMA:
  *   sender    posts a receive for the ack (tag OFI_TAG_ACK | cookie), then
  *             sends a descriptor {addr, len, cookie, pid} with remote CQ
  *             data OFI_RNDV_DATA on the message's own tag;
@@ -983,7 +989,7 @@ static void db_track_nap(struct ofi_ep *o, struct ofi_slot *s) {
  */
 
 static bool ofi_use_rndv(const struct ofi_ep *o, int peer, size_t len) {
-  return o->rndv && len >= OFI_RNDV_MIN && o->db_peers && !o->db_peers[peer].sar;
+  return o->rndv && len > o->inject_len && o->db_peers && !o->db_peers[peer].sar;
 }
 
 static uint32_t ofi_slot_index(const struct ofi_ep *o, const struct ofi_slot *s) {

@@ -81,12 +81,14 @@ TestSuite(coll_mp, .timeout = 300);
   }
 JOB(shm, 1)
 JOB(shm, 2)
-/* KNOWN BUG, open: over shm at 3 and more ranks the sweep hangs in ring
- * reduce_scatter (bfloat16, 65537 elements, out of place, 16 KiB chunks)
- * after the earlier cases of the same job; the same case alone passes
- * (chorus-perf -c reduce_scatter --algo ring), and so does the whole sweep
- * over tcp and in the simulator. Not registered until it is fixed: shm_3..9
- * and shm_16 are the failing jobs. */
+JOB(shm, 3)
+JOB(shm, 4)
+JOB(shm, 5)
+JOB(shm, 6)
+JOB(shm, 7)
+JOB(shm, 8)
+JOB(shm, 9)
+JOB(shm, 16)
 JOB(tcp, 1)
 JOB(tcp, 2)
 JOB(tcp, 3)
