@@ -137,10 +137,12 @@ int prov_multi_route(prov_t *p, int peer);
 
 /* prov_ofi's large-message (rendezvous) paths, for logs and tests: bytes
  * this endpoint received by CMA, by copying out of a peer's mapped
- * chorus_mem_alloc region, and by lending that region to the caller
- * (PROV_OP_BORROW). Returns 0, or -EINVAL when p is not a prov_ofi. */
+ * chorus_mem_alloc region, by lending that region to the caller
+ * (PROV_OP_BORROW), and out of a peer's bounce slot (the sender copied a
+ * plain buffer there first; copied or lent). Returns 0, or -EINVAL when p
+ * is not a prov_ofi. */
 typedef struct prov_ofi_rndv_stats {
-  uint64_t cma_bytes, mapped_bytes, borrowed_bytes;
+  uint64_t cma_bytes, mapped_bytes, borrowed_bytes, bounce_bytes;
 } prov_ofi_rndv_stats_t;
 int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out);
 

@@ -105,6 +105,10 @@
 #define OFI_RNDV_DATA 0x434d4152u /* "CMAR", the descriptor's remote CQ data */
 #define OFI_TAG_ACK (1ULL << 63)  /* reserved tag bit: rendezvous acks */
 #define OFI_MAPS 32               /* peers' chorus_mem_alloc regions kept mapped (LRU) */
+/* Bounce slots: a rendezvous send of up to OFI_BOUNCE_SLOT bytes from memory
+ * peers can not map is first copied into one of these, in a region they can. */
+#define OFI_BOUNCE_SLOT (256 * 1024)
+#define OFI_BOUNCE_SLOTS 16
 #define OFI_DB_NAME_MAX 100
 #define OFI_NAP_MIN_US 50
 #define OFI_NAP_MAX_US 10000
@@ -134,6 +138,8 @@ struct ofi_slot {
   int32_t ack_status;         /* the receiver's verdict (ack payload) */
   void *rbuf;                 /* receive: the buffer (a descriptor may land there) */
   uint32_t gen;               /* bumped per use: a stale ack can not match */
+  int bounce;                 /* rendezvous send: bounce slot + 1, 0 for none */
+  bool early;                 /* bounced send already completed; the slot waits for the ack */
   struct ofi_rndv_desc {
     uint64_t addr, len, cookie;
     int32_t pid;
@@ -141,7 +147,7 @@ struct ofi_slot {
     /* when the data lies in a chorus_mem_alloc region (rid != 0): */
     uint64_t rid, ino, roff;
     int32_t rfd;
-    uint32_t pad;
+    uint32_t flags; /* OFI_DESC_BOUNCE: rid is the sender's bounce region */
   } desc;
   union {
     struct fi_context ctx;
@@ -150,6 +156,7 @@ struct ofi_slot {
 };
 
 enum { OFI_RNDV_DESC = 1, OFI_RNDV_ACK = 2 };
+enum { OFI_DESC_BOUNCE = 1 };
 
 enum {
   OFI_NAP_NONE,
@@ -187,6 +194,11 @@ struct ofi_ep {
   struct ofi_map maps[OFI_MAPS];
   uint64_t map_uses;
   prov_ofi_rndv_stats_t rndv_stats;
+  /* Bounce region (rendezvous endpoints): OFI_BOUNCE_SLOTS slots, a bit per
+   * free one. A slot whose send failed is never reused (the receiver may
+   * still be reading it). */
+  unsigned char *bounce;
+  uint32_t bounce_free;
   int rank, nranks;
   char prov_name[64];
   char errmsg[256];
@@ -729,6 +741,8 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
     /* every rendezvous send also posts a receive for its ack: keep sends
      * plus acks plus receives inside shm's receive queue */
     o->rndv = !db_cma_disabled();
+    if (o->rndv && memreg_alloc((void **)&o->bounce, OFI_BOUNCE_SLOT * OFI_BOUNCE_SLOTS) == 0)
+      o->bounce_free = OFI_BOUNCE_SLOTS == 32 ? ~0u : (1u << OFI_BOUNCE_SLOTS) - 1;
     if (o->rndv)
       o->max_posted = o->max_posted / 2 ? o->max_posted / 2 : 1;
   } else if (strncmp(o->prov_name, "udp", 3) == 0) {
@@ -1006,6 +1020,18 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
   s->desc.pid = o->pid;
   s->desc.magic = OFI_RNDV_DATA;
   memreg_info_t mi;
+  s->bounce = 0;
+  s->desc.flags = 0;
+  if (o->bounce && o->bounce_free && len <= OFI_BOUNCE_SLOT && !memreg_lookup(buf, len, &mi)) {
+    int k = __builtin_ctz(o->bounce_free);
+    o->bounce_free &= ~(1u << k);
+    s->bounce = k + 1;
+    unsigned char *copy = o->bounce + (size_t)k * OFI_BOUNCE_SLOT;
+    memcpy(copy, buf, len);
+    buf = copy;
+    s->desc.addr = (uint64_t)(uintptr_t)copy;
+    s->desc.flags = OFI_DESC_BOUNCE;
+  }
   if (memreg_lookup(buf, len, &mi)) {
     s->desc.rid = mi.id;
     s->desc.ino = mi.ino;
@@ -1018,8 +1044,12 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
   s->ack_status = -EIO;
   rc = fi_tsenddata(o->ep, &s->desc, sizeof(s->desc), NULL, OFI_RNDV_DATA, o->peers[s->peer],
                     s->tag, &s->fctx);
-  if (rc)
+  if (rc) {
+    if (s->bounce) /* never sent: nobody reads it */
+      o->bounce_free |= 1u << (s->bounce - 1);
+    s->bounce = 0;
     return ofi_post_failed(o, s, rc, "send to");
+  }
   s->rndv_pending = OFI_RNDV_DESC;
   /* The ack may already be on its way: libfabric keeps it as unexpected
    * until this receive is posted. The pool sizes keep room for it. */
@@ -1137,16 +1167,21 @@ static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t
   }
   if (d.len <= s->len && (mapped = ofi_map_region(o, &d))) {
     *len = (size_t)d.len;
+    bool bounced = d.flags & OFI_DESC_BOUNCE;
+    if (bounced)
+      o->rndv_stats.bounce_bytes += d.len;
     if (s->op->flags & PROV_OP_BORROW) {
       /* the ack waits for release() */
-      o->rndv_stats.borrowed_bytes += d.len;
+      if (!bounced)
+        o->rndv_stats.borrowed_bytes += d.len;
       s->op->borrowed = mapped;
       s->op->internal[2] = (void *)(uintptr_t)d.cookie;
       s->op->internal[3] = (void *)(intptr_t)s->peer;
       return 0;
     }
     memcpy(buf, mapped, (size_t)d.len);
-    o->rndv_stats.mapped_bytes += d.len;
+    if (!bounced)
+      o->rndv_stats.mapped_bytes += d.len;
     if (!ofi_send_ack(o, s->peer, d.cookie, 0))
       ofi_queue_ack(o, s->peer, d.cookie, 0);
     return 0;
@@ -1258,6 +1293,35 @@ static int ofi_cancel(prov_t *p, prov_op_t *op) {
 
 /* ---- completions ---- */
 
+/* The slot's last completion came: its bounce slot (kept when the transfer
+ * failed: the receiver may still read it) and the slot go back. */
+static void ofi_slot_end(struct ofi_ep *o, struct ofi_slot *s, int status) {
+  if (s->is_send && s->bounce) {
+    if (!status)
+      o->bounce_free |= 1u << (s->bounce - 1);
+    s->bounce = 0;
+  }
+  if (s->nap) {
+    o->db_nap_ops--;
+    o->db_nap_sar -= s->nap == OFI_NAP_SAR;
+    s->nap = OFI_NAP_NONE;
+  }
+  s->early = false;
+  slot_put(o, s);
+}
+
+/* A bounced send is complete for the engine once its descriptor left: the
+ * data is ours already. The slot stays taken until the ack frees the copy. */
+static void ofi_deliver_early(struct ofi_ep *o, struct ofi_slot *s) {
+  prov_op_t *op = s->op;
+
+  s->early = true;
+  s->op = NULL;
+  op->internal[PROV_OP_OWNER] = NULL;
+  op->internal[PROV_OP_REQ] = NULL;
+  op->done(op, 0, s->len);
+}
+
 static void ofi_deliver(struct ofi_ep *o, struct ofi_slot *s, int status, size_t len) {
   prov_op_t *op = s->op;
   bool is_send = s->is_send;
@@ -1265,11 +1329,7 @@ static void ofi_deliver(struct ofi_ep *o, struct ofi_slot *s, int status, size_t
 
   if (is_send && !status)
     len = s->len;
-  if (s->nap) {
-    o->db_nap_ops--;
-    o->db_nap_sar -= s->nap == OFI_NAP_SAR;
-  }
-  slot_put(o, s);
+  ofi_slot_end(o, s, status);
   op->internal[PROV_OP_OWNER] = NULL;
   op->internal[PROV_OP_REQ] = NULL;
   /* A sender above the inject size waits for us to have copied its data. */
@@ -1294,6 +1354,12 @@ static void ofi_complete(struct ofi_ep *o, void *ctx, int status, size_t len, ui
                          uint64_t data) {
   struct ofi_slot *s = ofi_slot_of(o, ctx);
 
+  if (s->early) {
+    /* the ack of a send delivered early */
+    s->rndv_pending = 0;
+    ofi_slot_end(o, s, status ? status : s->ack_status);
+    return;
+  }
   if (!s->op) {
     /* a second completion for an op already delivered (seen with
      * udp;ofi_rxd after a cancel): nobody is waiting for it */
@@ -1312,6 +1378,10 @@ static void ofi_complete(struct ofi_ep *o, void *ctx, int status, size_t len, ui
       /* a failed descriptor will never be acked */
       if (status && (s->rndv_pending & OFI_RNDV_ACK))
         (void)fi_cancel(&o->ep->fid, &s->ack_fctx);
+    }
+    if (s->rndv_pending == OFI_RNDV_ACK && s->bounce && !s->rndv_status) {
+      ofi_deliver_early(o, s);
+      return;
     }
     if (s->rndv_pending)
       return;
@@ -1498,7 +1568,9 @@ static void ofi_close(prov_t *p) {
 
   o->closing = true;
   for (i = 0; i < 2 * o->max_posted; i++)
-    if (o->slots[i].op) {
+    if (o->slots[i].early)
+      (void)fi_cancel(&o->ep->fid, &o->slots[i].ack_fctx);
+    else if (o->slots[i].op) {
       (void)fi_cancel(&o->ep->fid, &o->slots[i].fctx);
       if (o->slots[i].rndv_pending & OFI_RNDV_ACK)
         (void)fi_cancel(&o->ep->fid, &o->slots[i].ack_fctx);
@@ -1515,12 +1587,17 @@ static void ofi_close(prov_t *p) {
   fi_close(&o->ep->fid);
   /* What never completed (sends to a peer that never received) is ours to end. */
   for (i = 0; i < 2 * o->max_posted; i++)
-    if (o->slots[i].op) {
+    if (o->slots[i].early) {
+      o->slots[i].rndv_pending = 0;
+      ofi_slot_end(o, &o->slots[i], -ECANCELED);
+    } else if (o->slots[i].op) {
       o->slots[i].rndv_pending = 0;
       ofi_deliver(o, &o->slots[i], -ECANCELED, 0);
     }
   free(o->acks);
   ofi_unmap_all(o);
+  if (o->bounce)
+    memreg_free(o->bounce);
 
   fi_close(&o->cq->fid);
   fi_close(&o->av->fid);

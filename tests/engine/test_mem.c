@@ -120,9 +120,14 @@ static int mem_rank(int rank, int size, const char *addr, void *arg) {
               (unsigned long long)st.cma_bytes);
       bad = 1;
     }
-    if (!left_reg && (st.borrowed_bytes || st.mapped_bytes || st.cma_bytes == 0)) {
-      fprintf(stderr, "rank %d: peer's buffers are plain but borrowed %llu mapped %llu\n", rank,
-              (unsigned long long)st.borrowed_bytes, (unsigned long long)st.mapped_bytes);
+    /* plain memory: chunks come through the peer's bounce region (by CMA
+     * when every bounce slot is taken), never from its own buffers */
+    if (!left_reg && (st.borrowed_bytes || st.mapped_bytes || st.bounce_bytes == 0)) {
+      fprintf(stderr,
+              "rank %d: peer's buffers are plain but borrowed %llu mapped %llu cma %llu bounce "
+              "%llu\n",
+              rank, (unsigned long long)st.borrowed_bytes, (unsigned long long)st.mapped_bytes,
+              (unsigned long long)st.cma_bytes, (unsigned long long)st.bounce_bytes);
       bad = 1;
     }
   }
