@@ -17,6 +17,14 @@
  *                   |  \--refused--> CLOSING (Error, drain, close)
  *                   \--silent for BOOT_HELLO_TIMEOUT_S--> CLOSING
  *
+ *    Strangers never touch the job: whatever they send (a wrong token,
+ *    an oversized or undecodable frame, a bad or taken rank, silence), they
+ *    are refused with an Error, closed, and named with the reason in rank
+ *    0's log. At most BOOT_MAX_STRANGERS connections beyond the ranks still
+ *    expected may wait in PENDING; past that the oldest silent one is
+ *    dropped, so idle connections can neither exhaust rank 0's descriptors
+ *    nor hold up the accept of the ranks to come.
+ *
  *    The job is FORMING until every rank is JOINED; then the listener is
  *    closed (the next communicator may bind the same port), the pending
  *    strangers are dropped, everyone gets Welcome and the job is RUNNING:
@@ -77,6 +85,9 @@
 #define BOOT_LINGER_S 1.0       /* a refused client has this long to read its Error */
 #define BOOT_BYE_TIMEOUT_S 1.0
 #define BOOT_HELLO_TIMEOUT_S 5.0 /* a client says Hello right after connecting */
+#define BOOT_MAX_STRANGERS 64    /* connections waiting for Hello beyond the ranks expected */
+#define BOOT_DROP_SCAN 16        /* silent candidates looked at when too many wait */
+#define BOOT_LOG_DROPS 32        /* dropped connections logged at warn level, then debug */
 
 typedef Chorus__Boot__Envelope envelope_t;
 
@@ -119,7 +130,6 @@ static struct timeval to_tv(double s) {
   tv.tv_usec = (suseconds_t)((s - (double)tv.tv_sec) * 1e6);
   return tv;
 }
-
 
 /* "host:port" or "[v6]:port" -> host (brackets removed) and port. */
 static int split_hostport(const char *s, char *host, size_t hlen, char *port, size_t plen) {
@@ -178,6 +188,18 @@ static uint8_t *frame_pack(const envelope_t *env, size_t *len) {
   put_be32(buf, (uint32_t)n);
   chorus__boot__envelope__pack(env, buf + 4);
   return buf;
+}
+
+/* The body of a frame from outside, decoded: NULL when it is not an
+ * Envelope or holds no message. Free with ..._envelope__free_unpacked. */
+static envelope_t *msg_unpack(const uint8_t *body, size_t n) {
+  envelope_t *env = chorus__boot__envelope__unpack(NULL, n, body);
+
+  if (env && env->msg_case == CHORUS__BOOT__ENVELOPE__MSG__NOT_SET) {
+    chorus__boot__envelope__free_unpacked(env, NULL);
+    return NULL;
+  }
+  return env;
 }
 
 /* Compare tokens without an early exit on the first differing byte. */
@@ -253,6 +275,7 @@ struct boot_server;
 
 struct srv_conn {
   LIST_ENTRY(srv_conn) link;
+  TAILQ_ENTRY(srv_conn) plink; /* in srv->pending, oldest first, while PENDING */
   struct boot_server *srv;
   struct bufferevent *bev; /* owns the fd */
   struct event *timer;     /* Hello, round or linger deadline, per state */
@@ -272,6 +295,9 @@ struct boot_server {
   pthread_t thread;
   LIST_HEAD(, srv_conn) conns;
   int nconns;
+  TAILQ_HEAD(, srv_conn) pending; /* PENDING connections, oldest first */
+  int npending;
+  int ndropped; /* strangers dropped so far (for the log's rate limit) */
   enum job_state state;
   bool stopping;
   int size;
@@ -303,9 +329,31 @@ static void srv_check_exit(struct boot_server *srv) {
     event_base_loopbreak(srv->base);
 }
 
+/* A connection leaves PENDING: it joined, was refused or is gone. */
+static void conn_unpend(struct srv_conn *c) {
+  if (c->state == CONN_PENDING) {
+    TAILQ_REMOVE(&c->srv->pending, c, plink);
+    c->srv->npending--;
+  }
+}
+
+/* One line per stranger dropped, naming it and why. A flood of them goes to
+ * the debug level after the first BOOT_LOG_DROPS. */
+static void srv_log_drop(struct boot_server *srv, const struct srv_conn *c, const char *why) {
+  int level = srv->ndropped < BOOT_LOG_DROPS ? ENG_WARN : ENG_DEBUG;
+
+  eng_log(level, 0, "bootstrap", "rendezvous %s: dropped the connection from %s: %s", srv->addr,
+          c->peer, why);
+  if (++srv->ndropped == BOOT_LOG_DROPS)
+    eng_log(ENG_WARN, 0, "bootstrap",
+            "rendezvous %s: %d connections dropped; further drops are logged at debug level",
+            srv->addr, BOOT_LOG_DROPS);
+}
+
 static void conn_free(struct srv_conn *c) {
   struct boot_server *srv = c->srv;
 
+  conn_unpend(c);
   LIST_REMOVE(c, link);
   srv->nconns--;
   if (c->rank >= 0 && srv->by_rank[c->rank] == c)
@@ -331,6 +379,7 @@ static void conn_close(struct srv_conn *c, const uint8_t *frame, size_t len) {
 
   if (c->state == CONN_CLOSING)
     return;
+  conn_unpend(c);
   c->state = CONN_CLOSING;
   if (frame)
     bufferevent_write(c->bev, frame, len);
@@ -365,7 +414,8 @@ static uint8_t *error_frame(Chorus__Boot__ErrorCode code, const char *msg, const
   return frame;
 }
 
-/* Refuse a client that is not (yet) part of the job; the others go on. */
+/* Refuse a client that is not (yet) part of the job, with an Error saying
+ * why and a line in rank 0's log naming it; the others go on. */
 static void conn_refuse(struct srv_conn *c, Chorus__Boot__ErrorCode code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -375,9 +425,12 @@ static void conn_refuse(struct srv_conn *c, Chorus__Boot__ErrorCode code, const 
   size_t len;
   va_list ap;
 
+  if (c->state == CONN_CLOSING)
+    return;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
+  srv_log_drop(c->srv, c, msg);
   frame = error_frame(code, msg, NULL, 0, &len);
   conn_close(c, frame, len);
   free(frame);
@@ -536,8 +589,10 @@ static void job_welcome(struct boot_server *srv) {
   srv_close_listener(srv);
   for (c = LIST_FIRST(&srv->conns); c; c = next) {
     next = LIST_NEXT(c, link);
-    if (c->state == CONN_PENDING)
+    if (c->state == CONN_PENDING) {
+      srv_log_drop(srv, c, "the job formed before it said Hello");
       conn_close(c, NULL, 0);
+    }
   }
   w.size = (uint32_t)srv->size;
   w.n_hosts = (size_t)srv->size;
@@ -559,6 +614,19 @@ static void note_refusal(struct boot_server *srv, struct srv_conn *c, uint32_t r
            why);
   free(srv->notes[rank]);
   srv->notes[rank] = strdup(buf);
+}
+
+/* A host identity goes into every rank's topology and into messages: no
+ * empty one, no control characters (bytes of UTF-8 names pass). */
+static bool host_valid(const char *h) {
+  const unsigned char *p = (const unsigned char *)h;
+
+  if (!*p)
+    return false;
+  for (; *p; p++)
+    if (*p < 0x20 || *p == 0x7f)
+      return false;
+  return true;
 }
 
 static void on_hello(struct srv_conn *c, const Chorus__Boot__Hello *h) {
@@ -616,12 +684,18 @@ static void on_hello(struct srv_conn *c, const Chorus__Boot__Hello *h) {
                 BOOT_MAX_HOST);
     return;
   }
+  if (!host_valid(h->host)) {
+    conn_refuse(c, CHORUS__BOOT__ERROR_CODE__ERROR_PROTOCOL,
+                "host identity of rank %u is empty or holds control characters", r);
+    return;
+  }
   free(srv->hosts[r]);
   srv->hosts[r] = strdup(h->host);
   if (!srv->hosts[r]) {
     conn_refuse(c, CHORUS__BOOT__ERROR_CODE__ERROR_PROTOCOL, "rendezvous out of memory");
     return;
   }
+  conn_unpend(c);
   c->rank = (int)r;
   c->state = CONN_JOINED;
   c->timeout_s = h->timeout_ms ? h->timeout_ms / 1000.0 : srv->timeout_s;
@@ -785,12 +859,10 @@ static void on_read(struct bufferevent *bev, void *arg) {
       return;
     evbuffer_drain(in, 4);
     body = evbuffer_pullup(in, n);
-    env = chorus__boot__envelope__unpack(NULL, n, body);
+    env = msg_unpack(body, n);
     evbuffer_drain(in, n);
-    if (!env || env->msg_case == CHORUS__BOOT__ENVELOPE__MSG__NOT_SET) {
+    if (!env) {
       on_protocol_error(c, "malformed message", n);
-      if (env)
-        chorus__boot__envelope__free_unpacked(env, NULL);
       continue;
     }
     on_message(c, env);
@@ -850,32 +922,94 @@ static void on_conn_timer(evutil_socket_t fd, short what, void *arg) {
   }
 }
 
-static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa,
-                      int salen, void *arg) {
-  struct boot_server *srv = arg;
-  struct timeval tv = to_tv(srv->hello_timeout_s);
+/* "ip:port" of a peer; "[v6]:port"; an IPv4 client of the dual-stack
+ * listener as plain IPv4. */
+static void fmt_peer(const struct sockaddr *sa, char *out, size_t len) {
   char ip[INET6_ADDRSTRLEN] = "?";
+
+  if (sa->sa_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+    inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
+    snprintf(out, len, "%s:%d", ip, ntohs(in->sin_port));
+  } else if (sa->sa_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+      inet_ntop(AF_INET, &in6->sin6_addr.s6_addr[12], ip, sizeof(ip));
+      snprintf(out, len, "%s:%d", ip, ntohs(in6->sin6_port));
+    } else {
+      inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip));
+      snprintf(out, len, "[%s]:%d", ip, ntohs(in6->sin6_port));
+    }
+  } else {
+    snprintf(out, len, "?");
+  }
+}
+
+/* Whether a client waiting for its Hello sent anything yet. */
+static bool conn_has_spoken(const struct srv_conn *c) {
+  char b;
+
+  if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
+    return true;
+  return recv(bufferevent_getfd(c->bev), &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+/* Too many connections wait for their Hello: drop one, so that strangers
+ * hold a bounded number of rank 0's descriptors and never stop the accept of
+ * the ranks still to come. The victim is the oldest that sent nothing yet
+ * among the BOOT_DROP_SCAN oldest (a rank says Hello as soon as it is
+ * connected, so its bytes are likely already here even in a burst of
+ * connections), else the oldest. Its Error is written straight to the
+ * socket, best effort (nothing was queued for it yet), and it is closed at
+ * once rather than lingering on a descriptor. */
+static void srv_drop_pending(struct boot_server *srv) {
+  struct srv_conn *c, *victim = TAILQ_FIRST(&srv->pending);
+  uint8_t *frame;
+  char msg[1024];
+  bool silent = false;
+  size_t len;
+  int i = 0;
+
+  TAILQ_FOREACH(c, &srv->pending, plink) {
+    if (i++ == BOOT_DROP_SCAN)
+      break;
+    if (!conn_has_spoken(c)) {
+      victim = c;
+      silent = true;
+      break;
+    }
+  }
+  snprintf(msg, sizeof(msg),
+           "%d connections are waiting to say Hello at the rendezvous %s (at most %d while %d "
+           "ranks are expected); the oldest %sis dropped",
+           srv->npending, srv->addr, srv->size - srv->njoined + BOOT_MAX_STRANGERS,
+           srv->size - srv->njoined, silent ? "that said nothing " : "");
+  srv_log_drop(srv, victim, msg);
+  frame = error_frame(CHORUS__BOOT__ERROR_CODE__ERROR_PROTOCOL, msg, NULL, 0, &len);
+  if (frame)
+    (void)send(bufferevent_getfd(victim->bev), frame, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+  free(frame);
+  conn_free(victim);
+}
+
+/* Take a connected socket as a new client (PENDING, with its Hello
+ * deadline). The fd is closed on failure. */
+static void srv_adopt(struct boot_server *srv, evutil_socket_t fd, const char *peer) {
+  struct timeval tv = to_tv(srv->hello_timeout_s);
   struct srv_conn *c;
-  int one = 1, port = 0;
+  int one = 1;
 
   if (srv->state != JOB_FORMING || srv->stopping)
     goto out_close_fd;
+  while (srv->npending > 0 && srv->npending >= srv->size - srv->njoined + BOOT_MAX_STRANGERS)
+    srv_drop_pending(srv);
   c = calloc(1, sizeof(*c));
   if (!c)
     goto out_close_fd;
   c->srv = srv;
   c->rank = -1;
   c->state = CONN_PENDING;
-  if (sa->sa_family == AF_INET) {
-    struct sockaddr_in *in = (struct sockaddr_in *)sa;
-    inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
-    port = ntohs(in->sin_port);
-  } else if (sa->sa_family == AF_INET6) {
-    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)sa;
-    inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip));
-    port = ntohs(in6->sin6_port);
-  }
-  snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
+  snprintf(c->peer, sizeof(c->peer), "%s", peer);
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   c->timer = evtimer_new(srv->base, on_conn_timer, c);
   if (!c->timer)
@@ -888,6 +1022,8 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     goto out_free_bev;
   LIST_INSERT_HEAD(&srv->conns, c, link);
   srv->nconns++;
+  TAILQ_INSERT_TAIL(&srv->pending, c, plink);
+  srv->npending++;
   evtimer_add(c->timer, &tv);
   return;
 
@@ -902,6 +1038,14 @@ out_free_conn:
   free(c);
 out_close_fd:
   evutil_closesocket(fd);
+}
+
+static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa,
+                      int salen, void *arg) {
+  char peer[64];
+
+  fmt_peer(sa, peer, sizeof(peer));
+  srv_adopt(arg, fd, peer);
 }
 
 static void on_relisten(evutil_socket_t fd, short what, void *arg) {
@@ -1041,12 +1185,10 @@ static void srv_stop(struct boot_server *srv) {
   srv_free(srv);
 }
 
-static int srv_start(const boot_config_t *cfg, const char *port, double deadline,
-                     struct boot_server **out, char *err, size_t errlen) {
+/* Everything of a server but its socket and thread. */
+static int srv_new(const boot_config_t *cfg, struct boot_server **out, char *err, size_t errlen) {
   struct boot_server *srv;
-  sigset_t all, old;
   size_t n = (size_t)cfg->size;
-  int fd, rc;
 
   pthread_once(&evthread_once, evthread_init);
   if (evthread_rc) {
@@ -1057,6 +1199,7 @@ static int srv_start(const boot_config_t *cfg, const char *port, double deadline
   if (!srv)
     goto out_nomem;
   LIST_INIT(&srv->conns);
+  TAILQ_INIT(&srv->pending);
   srv->size = cfg->size;
   srv->timeout_s = cfg->timeout_s;
   srv->hello_timeout_s =
@@ -1082,19 +1225,39 @@ static int srv_start(const boot_config_t *cfg, const char *port, double deadline
   srv->relisten_ev = evtimer_new(srv->base, on_relisten, srv);
   if (!srv->stop_ev || !srv->grace_ev || !srv->relisten_ev)
     goto out_free_srv;
+  *out = srv;
+  return 0;
 
+out_free_srv:
+  srv_free(srv);
+out_nomem:
+  eng_errf(err, errlen, "bootstrap: out of memory starting the rendezvous server");
+  return CHORUS_ERR_NO_MEMORY;
+}
+
+static int srv_start(const boot_config_t *cfg, const char *port, double deadline,
+                     struct boot_server **out, char *err, size_t errlen) {
+  struct boot_server *srv;
+  sigset_t all, old;
+  int fd, rc;
+
+  rc = srv_new(cfg, &srv, err, errlen);
+  if (rc)
+    return rc;
   fd = srv_listen_fd(port, deadline);
   if (fd < 0) {
     eng_errf(err, errlen, "rank 0 cannot listen on port %s for the rendezvous %s: %s%s", port,
-            cfg->rendezvous, strerror(-fd),
-            fd == -EADDRINUSE ? " (is another job using this port?)" : "");
+             cfg->rendezvous, strerror(-fd),
+             fd == -EADDRINUSE ? " (is another job using this port?)" : "");
     rc = CHORUS_ERR_BOOTSTRAP;
-    goto out_free_srv_rc;
+    goto out_free_srv;
   }
   srv->lis = evconnlistener_new(srv->base, on_accept, srv,
                                 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, fd);
   if (!srv->lis) {
     close(fd);
+    eng_errf(err, errlen, "bootstrap: out of memory starting the rendezvous server");
+    rc = CHORUS_ERR_NO_MEMORY;
     goto out_free_srv;
   }
   evconnlistener_set_error_cb(srv->lis, on_accept_error);
@@ -1108,20 +1271,14 @@ static int srv_start(const boot_config_t *cfg, const char *port, double deadline
   if (rc) {
     eng_errf(err, errlen, "bootstrap: cannot start the rendezvous thread: %s", strerror(rc));
     rc = CHORUS_ERR_INTERNAL;
-    goto out_free_srv_rc;
+    goto out_free_srv;
   }
   *out = srv;
   return 0;
 
 out_free_srv:
-  eng_errf(err, errlen, "bootstrap: out of memory starting the rendezvous server");
-  rc = CHORUS_ERR_NO_MEMORY;
-out_free_srv_rc:
   srv_free(srv);
   return rc;
-out_nomem:
-  eng_errf(err, errlen, "bootstrap: out of memory starting the rendezvous server");
-  return CHORUS_ERR_NO_MEMORY;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1222,7 +1379,7 @@ static int recv_frame(int fd, double deadline, envelope_t **out) {
     return -ENOMEM;
   rc = recv_all(fd, buf, n, deadline);
   if (!rc) {
-    *out = chorus__boot__envelope__unpack(NULL, n, buf);
+    *out = msg_unpack(buf, n);
     if (!*out)
       rc = -EBADMSG;
   }
@@ -1467,12 +1624,12 @@ int boot_open(const boot_config_t *cfg, boot_t **out, char *err, size_t errlen) 
   }
   if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size) {
     eng_errf(err, errlen, "boot_open: rank %d out of range for a job of %d ranks", cfg->rank,
-            cfg->size);
+             cfg->size);
     return CHORUS_ERR_INVALID_ARG;
   }
   if (split_hostport(cfg->rendezvous, host, sizeof(host), port, sizeof(port))) {
     eng_errf(err, errlen, "boot_open: rendezvous '%s' is not host:port (port 1-65535)",
-            cfg->rendezvous);
+             cfg->rendezvous);
     return CHORUS_ERR_INVALID_ARG;
   }
   if (!(cfg->timeout_s > 0) || !isfinite(cfg->timeout_s)) {
@@ -1589,7 +1746,7 @@ int boot_allgather(boot_t *b, const void *mine, size_t len, void ***out_ptrs, si
   }
   if (len > BOOT_MAX_FRAME - 64) {
     eng_errf(err, errlen, "boot_allgather: %zu bytes is over the %u-byte bootstrap limit", len,
-            BOOT_MAX_FRAME - 64);
+             BOOT_MAX_FRAME - 64);
     return CHORUS_ERR_INVALID_ARG;
   }
   if (!(timeout_s > 0) || !isfinite(timeout_s))
@@ -1656,4 +1813,108 @@ void boot_close(boot_t *b) {
     srv_stop(b->srv);
   free(b->hosts);
   free(b);
+}
+
+/* ------------------------------------------------------------------ */
+/* byte buffers in place of peers (tests, fuzzing)                     */
+/* ------------------------------------------------------------------ */
+
+#define BOOT_BYTES_MAX_STREAMS 16
+#define BOOT_BYTES_MAX_LOOPS 100000
+
+/* A connected pair of nonblocking sockets; `bytes` (as much as the socket
+ * buffer holds) are waiting to be read on (*mine) and then end of file. */
+static int bytes_pair(const uint8_t *bytes, size_t len, int *mine, int *theirs) {
+  int sv[2];
+
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv))
+    return -errno;
+  while (len) {
+    ssize_t k = send(sv[1], bytes, len, MSG_NOSIGNAL);
+    if (k <= 0)
+      break;
+    bytes += k;
+    len -= (size_t)k;
+  }
+  shutdown(sv[1], SHUT_WR);
+  *mine = sv[0];
+  *theirs = sv[1];
+  return 0;
+}
+
+int boot_serve_bytes(int size, const char *token, const uint8_t *const *streams, const size_t *lens,
+                     int n) {
+  boot_config_t cfg = {.rank = 0,
+                       .size = size,
+                       .rendezvous = "(bytes)",
+                       .token = token ? token : "",
+                       .timeout_s = 60.0};
+  int peers[BOOT_BYTES_MAX_STREAMS];
+  struct boot_server *srv;
+  int i, loops, rc = 0, npeers = 0;
+
+  if (size < 1 || size > 32767 || n < 0 || n > BOOT_BYTES_MAX_STREAMS || (n && (!streams || !lens)))
+    return -EINVAL;
+  if (srv_new(&cfg, &srv, NULL, 0))
+    return -ENOMEM;
+  for (i = 0; i < n; i++) {
+    char peer[32];
+    int fd;
+
+    rc = bytes_pair(streams[i], lens[i], &fd, &peers[npeers]);
+    if (rc)
+      goto out_free;
+    npeers++;
+    snprintf(peer, sizeof(peer), "(stream %d)", i);
+    srv_adopt(srv, fd, peer);
+  }
+  /* Every connection ends at its end of file: none may be left. */
+  for (loops = 0; srv->nconns > 0 && loops < BOOT_BYTES_MAX_LOOPS; loops++)
+    event_base_loop(srv->base, EVLOOP_NONBLOCK);
+  if (srv->nconns > 0)
+    rc = -EDEADLK;
+
+out_free:
+  while (!LIST_EMPTY(&srv->conns))
+    conn_free(LIST_FIRST(&srv->conns));
+  srv_free(srv);
+  for (i = 0; i < npeers; i++)
+    close(peers[i]);
+  return rc;
+}
+
+int boot_client_bytes(int rank, int size, const uint8_t *bytes, size_t len, int rounds) {
+  boot_config_t cfg = {.rank = rank, .size = size, .rendezvous = "(bytes)", .token = ""};
+  double start = now_s();
+  char err[256];
+  int i, rc, peer;
+  boot_t *b;
+
+  if (size < 1 || size > 32767 || rank < 0 || rank >= size || (len && !bytes))
+    return CHORUS_ERR_INVALID_ARG;
+  b = calloc(1, sizeof(*b));
+  if (!b)
+    return CHORUS_ERR_NO_MEMORY;
+  b->rank = rank;
+  b->size = size;
+  b->timeout_s = 10.0;
+  snprintf(b->addr, sizeof(b->addr), "%s", cfg.rendezvous);
+  if (bytes_pair(bytes, len, &b->fd, &peer)) {
+    free(b);
+    return CHORUS_ERR_INTERNAL;
+  }
+  rc = client_hello(b, &cfg, "", start, start + b->timeout_s, err, sizeof(err));
+  for (i = 0; !rc && i < rounds; i++) {
+    void **ptrs;
+    size_t *lens;
+
+    rc = boot_allgather(b, &i, sizeof(i), &ptrs, &lens, b->timeout_s, err, sizeof(err));
+    if (!rc) {
+      free(ptrs);
+      free(lens);
+    }
+  }
+  boot_close(b);
+  close(peer);
+  return rc;
 }

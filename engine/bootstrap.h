@@ -54,4 +54,19 @@ int boot_fd(const boot_t *b);
  * or a grace period passed). */
 void boot_close(boot_t *b);
 
+/* ---- byte buffers in place of peers, for tests and fuzzing ---- */
+
+/* Runs a rendezvous server of `size` ranks with job token `token` (NULL:
+ * none) on n (<= 16) connections, connection i sending streams[i] (lens[i]
+ * bytes) and then closing, until the server has dealt with every one; then
+ * frees all it holds. Returns 0, -EINVAL, -ENOMEM, or -EDEADLK when the
+ * server kept a connection after its end of file (a bug). */
+int boot_serve_bytes(int size, const char *token, const uint8_t *const *streams, const size_t *lens,
+                     int n);
+/* Runs the client of `rank` in a job of `size` (token none) against a
+ * server whose whole answer is `bytes` (framed messages) and then end of
+ * file: Hello, then up to `rounds` boot_allgather calls while they succeed,
+ * then boot_close. Returns 0 or the first failure's chorus_result. */
+int boot_client_bytes(int rank, int size, const uint8_t *bytes, size_t len, int rounds);
+
 #endif

@@ -150,9 +150,15 @@ static const struct launcher launchers[] = {
 
 #define NLAUNCHERS (sizeof(launchers) / sizeof(launchers[0]))
 
+/* Where values come from: the environment (src NULL), or a caller's lookup. */
+struct env_src {
+  settings_getenv_fn get;
+  void *arg;
+};
+
 /* The only getenv of the project for these variables. Empty counts as unset. */
-static const char *env_get(const char *name) {
-  const char *v = getenv(name);
+static const char *env_get(const struct env_src *src, const char *name) {
+  const char *v = src ? src->get(name, src->arg) : getenv(name);
   return v && *v ? v : NULL;
 }
 
@@ -372,7 +378,7 @@ range:
   return -1;
 }
 
-int settings_load(chorus_settings_t *s, char *err, size_t errlen) {
+static int load(chorus_settings_t *s, const struct env_src *src, char *err, size_t errlen) {
   chorus_settings_t tmp;
   size_t i;
 
@@ -391,7 +397,7 @@ int settings_load(chorus_settings_t *s, char *err, size_t errlen) {
     const struct setting *st = &settings_table[i];
     const char *v;
 
-    if (st->type == SET_LAUNCH || !(v = env_get(st->name)))
+    if (st->type == SET_LAUNCH || !(v = env_get(src, st->name)))
       continue;
     if (setting_apply(st, v, &tmp, err, errlen))
       return -1;
@@ -400,12 +406,28 @@ int settings_load(chorus_settings_t *s, char *err, size_t errlen) {
   return 0;
 }
 
+int settings_load(chorus_settings_t *s, char *err, size_t errlen) {
+  return load(s, NULL, err, errlen);
+}
+
+int settings_load_from(chorus_settings_t *s, settings_getenv_fn get, void *arg, char *err,
+                       size_t errlen) {
+  struct env_src src = {get, arg};
+
+  if (!get) {
+    eng_errf(err, errlen, "settings_load_from: NULL lookup");
+    return -1;
+  }
+  return load(s, &src, err, errlen);
+}
+
 /* ---- launcher environment ---- */
 
 /* Read a launcher integer. Returns 1 when set (*out filled), 0 when unset,
  * -1 on a malformed value (err filled). */
-static int launch_int(const char *name, long min, long *out, char *err, size_t errlen) {
-  const char *v = env_get(name);
+static int launch_int(const struct env_src *src, const char *name, long min, long *out, char *err,
+                      size_t errlen) {
+  const char *v = env_get(src, name);
   char q[80];
   uint64_t u;
   int rc;
@@ -466,11 +488,11 @@ static int check_hostport(const char *name, const char *v, char *err, size_t err
   return 0;
 }
 
-static int launch_rendezvous(chorus_launch_env_t *e, const struct launcher *l, char *err,
-                             size_t errlen) {
-  const char *rv = env_get("CHORUS_RENDEZVOUS");
-  const char *addr = env_get("MASTER_ADDR");
-  const char *port = env_get("MASTER_PORT");
+static int launch_rendezvous(const struct env_src *src, chorus_launch_env_t *e,
+                             const struct launcher *l, char *err, size_t errlen) {
+  const char *rv = env_get(src, "CHORUS_RENDEZVOUS");
+  const char *addr = env_get(src, "MASTER_ADDR");
+  const char *port = env_get(src, "MASTER_PORT");
   char q[80];
   long p;
   int n;
@@ -531,8 +553,8 @@ check_len:
 
 /* The first launcher setting the local variable `which`, in precedence order.
  * Returns 1 and the value, 0 when none sets it, -1 on a malformed value. */
-static int launch_local(size_t which, long min, long *out, const char **name, char *err,
-                        size_t errlen) {
+static int launch_local(const struct env_src *src, size_t which, long min, long *out,
+                        const char **name, char *err, size_t errlen) {
   size_t i;
 
   for (i = 0; i < NLAUNCHERS; i++) {
@@ -541,7 +563,7 @@ static int launch_local(size_t which, long min, long *out, const char **name, ch
 
     if (!var)
       continue;
-    rc = launch_int(var, min, out, err, errlen);
+    rc = launch_int(src, var, min, out, err, errlen);
     if (rc) {
       *name = var;
       return rc;
@@ -550,7 +572,7 @@ static int launch_local(size_t which, long min, long *out, const char **name, ch
   return 0;
 }
 
-int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
+static int launch_env(chorus_launch_env_t *e, const struct env_src *src, char *err, size_t errlen) {
   const struct launcher *l = NULL;
   const char *lr_name = NULL, *ls_name = NULL;
   long rank, size, lrank = -1, lsize = -1;
@@ -565,7 +587,7 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
   e->local_rank = e->local_size = -1;
 
   for (i = 0; i < NLAUNCHERS && !l; i++) {
-    if (env_get(launchers[i].rank) || env_get(launchers[i].size))
+    if (env_get(src, launchers[i].rank) || env_get(src, launchers[i].size))
       l = &launchers[i];
   }
   if (!l) {
@@ -577,14 +599,14 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
     return -1;
   }
 
-  rc = launch_int(l->rank, 0, &rank, err, errlen);
+  rc = launch_int(src, l->rank, 0, &rank, err, errlen);
   if (rc < 0)
     return -1;
   if (rc == 0) {
     eng_errf(err, errlen, "%s is set but %s is not (%s sets both)", l->size, l->rank, l->title);
     return -1;
   }
-  rc = launch_int(l->size, 1, &size, err, errlen);
+  rc = launch_int(src, l->size, 1, &size, err, errlen);
   if (rc < 0)
     return -1;
   if (rc == 0) {
@@ -597,8 +619,8 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
     return -1;
   }
 
-  if (launch_local(0, 0, &lrank, &lr_name, err, errlen) < 0 ||
-      launch_local(1, 1, &lsize, &ls_name, err, errlen) < 0)
+  if (launch_local(src, 0, 0, &lrank, &lr_name, err, errlen) < 0 ||
+      launch_local(src, 1, 1, &lsize, &ls_name, err, errlen) < 0)
     return -1;
   if (lsize > size) {
     eng_errf(err, errlen, "%s=%ld is larger than the job: %s=%ld", ls_name, lsize, l->size, size);
@@ -614,7 +636,7 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
     return -1;
   }
 
-  if (launch_rendezvous(e, l, err, errlen))
+  if (launch_rendezvous(src, e, l, err, errlen))
     return -1;
   e->rank = (int)rank;
   e->size = (int)size;
@@ -622,6 +644,21 @@ int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
   e->local_size = (int)lsize;
   e->source = l->source;
   return 0;
+}
+
+int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {
+  return launch_env(e, NULL, err, errlen);
+}
+
+int settings_launch_env_from(chorus_launch_env_t *e, settings_getenv_fn get, void *arg, char *err,
+                             size_t errlen) {
+  struct env_src src = {get, arg};
+
+  if (!get) {
+    eng_errf(err, errlen, "settings_launch_env_from: NULL lookup");
+    return -1;
+  }
+  return launch_env(e, &src, err, errlen);
 }
 
 /* ---- printing ---- */

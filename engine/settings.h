@@ -48,4 +48,13 @@ typedef struct chorus_launch_env {
 /* Returns 0, or -1 with an explanation (which variables are missing or bad). */
 int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen);
 
+/* The same two readers over another source of values than the environment
+ * (tests, fuzzing): get(name, arg) returns the value of `name` or NULL; the
+ * string must stay valid until the call returns. */
+typedef const char *(*settings_getenv_fn)(const char *name, void *arg);
+int settings_load_from(chorus_settings_t *s, settings_getenv_fn get, void *arg, char *err,
+                       size_t errlen);
+int settings_launch_env_from(chorus_launch_env_t *e, settings_getenv_fn get, void *arg, char *err,
+                             size_t errlen);
+
 #endif
