@@ -246,7 +246,7 @@ static void cycles(const char *prov, long step_kib) {
   const char *envs[] = {env, NULL};
   mp_result_t r = mp_run(2, cycle_rank, &step_kib, 400, envs);
   cr_assert_eq(r.failed, 0, "%s: %d rank(s) failed", prov, r.failed);
-  cr_expect_eq(mp_count_dev_shm_of(r.pids, 2), 0, "%s: the ranks left files in /dev/shm", prov);
+  cr_expect_eq(mp_count_dev_shm_of(&r, 2), 0, "%s: the ranks left files in /dev/shm", prov);
 }
 
 Test(api, create_destroy_500_shm, .timeout = 500) {
