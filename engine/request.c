@@ -52,9 +52,9 @@ void request_wait_done(chorus_request_t *r) {
   chorus_comm_t *c = r->comm;
 
   /* poll (driving the communicator ourselves when the progress thread
-   * is idle) while that moves, and CHORUS_SPIN_US more; then sleep */
+   * is idle) while that moves, and CHORUS_WAIT_SPIN_US more; then sleep */
   if (!atomic_load_explicit(&r->done, memory_order_acquire))
-    comm_drive(c, &r->done, (uint64_t)c->set.spin_us * 1000, 0);
+    comm_drive(c, &r->done, (uint64_t)c->set.wait_spin_us * 1000, 0);
   if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
     pthread_mutex_lock(&c->lock);
     c->waiters++;

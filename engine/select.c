@@ -407,7 +407,9 @@ static double cost_allgather(const model_t *m, const char *name) {
     return (n - 1) * (f.alpha + m->m * f.beta);
   if (!strcmp(name, "rd"))
     return rounds(m, true, doubling_blocks, 0) + fold(m);
-  if (!strcmp(name, "bruck") || !strcmp(name, "dissemination"))
+  if (!strcmp(name, "bruck")) /* + the final rotation into place, a local copy */
+    return rounds(m, false, doubling_blocks, 0) + N * f.beta;
+  if (!strcmp(name, "dissemination"))
     return rounds(m, false, doubling_blocks, 0);
   if (!strcmp(name, "hier") && m->host) {
     double p = n / m->nhosts, H = m->nhosts;

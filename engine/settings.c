@@ -73,8 +73,13 @@ static const struct setting settings_table[] = {
     {"CHORUS_MAX_POSTED", SET_COUNT, "256", "sends and receives in flight per rank",
      FIELD(max_posted), 1, 1048576},
     {"CHORUS_SPIN_US", SET_INT, "50",
-     "microseconds to busy-poll for completions before sleeping; 0 = always sleep", FIELD(spin_us),
-     0, 1000000},
+     "microseconds the progress thread busy-polls after its last completion before sleeping; "
+     "0 = always sleep",
+     FIELD(spin_us), 0, 1000000},
+    {"CHORUS_WAIT_SPIN_US", SET_INT, "1000",
+     "microseconds a caller blocked in a call keeps polling (yielding the CPU between polls) "
+     "while nothing completes, before it sleeps; 0 = sleep at once",
+     FIELD(wait_spin_us), 0, 1000000},
     {"CHORUS_LOG", SET_LOG, "warn", "log level: error, warn, info, debug (or 0-3)",
      FIELD(log_level), 0, 3},
     {"CHORUS_PROGRESS_THREAD", SET_BOOL, "1",

@@ -20,7 +20,8 @@ typedef struct chorus_settings {
   double connect_timeout_s; /* CHORUS_CONNECT_TIMEOUT */
   size_t chunk_bytes;       /* CHORUS_CHUNK_BYTES: pipeline chunk */
   size_t max_posted;        /* CHORUS_MAX_POSTED: receives/sends in flight per rank */
-  int spin_us;              /* CHORUS_SPIN_US: busy-poll before sleeping */
+  int spin_us;              /* CHORUS_SPIN_US: progress thread's busy-poll before sleeping */
+  int wait_spin_us;         /* CHORUS_WAIT_SPIN_US: a blocked caller's polling before sleeping */
   int log_level;            /* CHORUS_LOG: 0 error, 1 warn, 2 info, 3 debug */
   bool progress_thread;     /* CHORUS_PROGRESS_THREAD */
   bool journal;             /* CHORUS_JOURNAL: fsm transition journal on */

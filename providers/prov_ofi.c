@@ -61,6 +61,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -199,6 +200,7 @@ struct ofi_ep {
    * still be reading it). */
   unsigned char *bounce;
   uint32_t bounce_free;
+  size_t bounce_max; /* largest message bounced (CHORUS_SHM_BOUNCE) */
   int rank, nranks;
   char prov_name[64];
   char errmsg[256];
@@ -303,10 +305,18 @@ static const char *ofi_prov_name(const char *name) {
   return name;
 }
 
+/* rxm sends messages up to its buffer size eagerly, larger ones by a
+ * rendezvous that costs a round trip: 16 KiB by default, so a 32 KiB
+ * message (a small broadcast) took 3x as long as an eager one. Read when
+ * libfabric first initialises rxm; a value the user set is kept. */
+#define OFI_RXM_BUFFER_SIZE "36864"
+
 static int ofi_getinfo(const char *prov, uint64_t caps, struct fi_info **out) {
   struct fi_info *hints = fi_allocinfo();
   int rc;
 
+  if (strstr(prov, "ofi_rxm"))
+    setenv("FI_OFI_RXM_BUFFER_SIZE", OFI_RXM_BUFFER_SIZE, 0);
   if (!hints)
     return -FI_ENOMEM;
   hints->caps = caps;
@@ -741,7 +751,19 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
     /* every rendezvous send also posts a receive for its ack: keep sends
      * plus acks plus receives inside shm's receive queue */
     o->rndv = !db_cma_disabled();
-    if (o->rndv && memreg_alloc((void **)&o->bounce, OFI_BOUNCE_SLOT * OFI_BOUNCE_SLOTS) == 0)
+    /* Bouncing costs a second copy to save CMA's page pinning: a gain
+     * while a core is free to make it, not when ranks outnumber the cores
+     * (then only small messages, where pinning dominates, bounce). */
+    const char *bm = getenv("CHORUS_SHM_BOUNCE");
+    cpu_set_t cpus;
+    long cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
+    o->bounce_max = cores > 0 && cfg->nranks > cores ? OFI_BOUNCE_SLOT / 4 : OFI_BOUNCE_SLOT;
+    if (bm)
+      o->bounce_max = strtoul(bm, NULL, 0);
+    if (o->bounce_max > OFI_BOUNCE_SLOT)
+      o->bounce_max = OFI_BOUNCE_SLOT;
+    if (o->rndv && o->bounce_max &&
+        memreg_alloc((void **)&o->bounce, OFI_BOUNCE_SLOT * OFI_BOUNCE_SLOTS) == 0)
       o->bounce_free = OFI_BOUNCE_SLOTS == 32 ? ~0u : (1u << OFI_BOUNCE_SLOTS) - 1;
     if (o->rndv)
       o->max_posted = o->max_posted / 2 ? o->max_posted / 2 : 1;
@@ -1022,7 +1044,7 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
   memreg_info_t mi;
   s->bounce = 0;
   s->desc.flags = 0;
-  if (o->bounce && o->bounce_free && len <= OFI_BOUNCE_SLOT && !memreg_lookup(buf, len, &mi)) {
+  if (o->bounce && o->bounce_free && len <= o->bounce_max && !memreg_lookup(buf, len, &mi)) {
     int k = __builtin_ctz(o->bounce_free);
     o->bounce_free &= ~(1u << k);
     s->bounce = k + 1;

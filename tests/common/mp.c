@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -43,6 +44,7 @@ static double now_s(void) {
 
 mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const char *const *env) {
   mp_result_t res = {0};
+  res.started = (long)time(NULL);
   pid_t pids[64];
   char addr[64];
   int port = mp_free_port();
@@ -143,7 +145,10 @@ int mp_count_fds(void) {
   return n > 0 ? n - 1 : n; /* the directory stream's own fd */
 }
 
-int mp_count_dev_shm_of(const int *pids, int n) {
+/* Files named after a rank's pid, made since the ranks started (pids wrap:
+ * an older file is another, earlier process's, left by a crash). */
+int mp_count_dev_shm_of(const mp_result_t *r, int n) {
+  const int *pids = r->pids;
   DIR *d = opendir("/dev/shm");
   struct dirent *e;
   int found = 0;
@@ -156,6 +161,11 @@ int mp_count_dev_shm_of(const int *pids, int n) {
     char tail;
     if (sscanf(e->d_name, "%d:%u:%u%c", &pid, &a, &b, &tail) != 3 &&
         sscanf(e->d_name, "chorus-%d-", &pid) != 1)
+      continue;
+    char path[300];
+    struct stat st;
+    snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+    if (stat(path, &st) || (long)st.st_ctime < r->started - 1)
       continue;
     for (int i = 0; i < n; i++)
       if (pids[i] == pid) {

@@ -15,6 +15,7 @@ typedef struct mp_result {
   int timed_out;  /* 1 when the run was killed at the timeout */
   int status[64]; /* exit status per rank (-signal when killed) */
   int pids[64];   /* process id of each rank */
+  long started;   /* CLOCK_REALTIME seconds when the ranks were forked */
 } mp_result_t;
 
 /* A free TCP port on 127.0.0.1. */
@@ -29,6 +30,6 @@ int mp_count_fds(void);
 long mp_rss_kib(void);
 /* Entries in /dev/shm left by the given processes: libfabric's shm provider
  * names its regions "<pid>:<n>:<n>", Chorus "chorus-<pid>-...". */
-int mp_count_dev_shm_of(const int *pids, int n);
+int mp_count_dev_shm_of(const mp_result_t *r, int n);
 
 #endif
