@@ -307,16 +307,19 @@ static const char *ofi_prov_name(const char *name) {
 
 /* rxm sends messages up to its buffer size eagerly, larger ones by a
  * rendezvous that costs a round trip: 16 KiB by default, so a 32 KiB
- * message (a small broadcast) took 3x as long as an eager one. Read when
- * libfabric first initialises rxm; a value the user set is kept. */
+ * message (a small broadcast) took 3x as long as an eager one. libfabric
+ * reads it when it first initialises its providers, whichever is asked for
+ * first, so it is set before every fi_getinfo: a rank that opened shm
+ * first and one that opened tcp first must agree (they did not, and a
+ * receiver expecting a rendezvous got an eager message: a hang). A value
+ * the user set is kept. */
 #define OFI_RXM_BUFFER_SIZE "36864"
 
 static int ofi_getinfo(const char *prov, uint64_t caps, struct fi_info **out) {
   struct fi_info *hints = fi_allocinfo();
   int rc;
 
-  if (strstr(prov, "ofi_rxm"))
-    setenv("FI_OFI_RXM_BUFFER_SIZE", OFI_RXM_BUFFER_SIZE, 0);
+  setenv("FI_OFI_RXM_BUFFER_SIZE", OFI_RXM_BUFFER_SIZE, 0);
   if (!hints)
     return -FI_ENOMEM;
   hints->caps = caps;
