@@ -6,7 +6,8 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config clang
       libevent-dev libfabric-dev libfabric-bin
       protobuf-c-compiler libprotobuf-c-dev libcriterion-dev
-      openmpi-bin libopenmpi-dev procps)
+      openmpi-bin libopenmpi-dev procps
+      chromium) # headless page check of chorus-trace (ctest -L browser)
 
 missing=()
 for p in "${PKGS[@]}"; do
