@@ -2,7 +2,7 @@
  * verify.c - checking a collective's schedules before they run (verify.h).
  *
  * The plans are copied into a compact graph (sim.h: sim_graph), built one
- * rank at a time for verify_algo so that 4096 ranks fit in memory. Then:
+ * rank at a time for verify_algo, identical plans stored once. Then:
  *
  *   1. matching (sim_graph_match): every SEND has exactly one RECV on its
  *      peer with the same (source, destination, message) and size;
@@ -19,6 +19,18 @@
  *      step points to something it waits for (a stuck predecessor, or its
  *      stuck mate); following those pointers from any stuck step must
  *      return to a step already seen, and the loop is reported.
+ *
+ * Symmetry. When the ranks' shapes repeat with period P (sim.h: ranks r and
+ * r + P have equal plans, peers written relative to the rank), moving every
+ * rank r to r + P (to r ^ c, c a multiple of P, when peers are written
+ * XOR) maps the union graph onto itself, and these moves, a group of n/P,
+ * move every node. Kahn then runs on the quotient, P ranks whose peers are
+ * taken mod P, and the answer is the same: a cycle of the real graph folds
+ * onto a closed walk of the quotient, and a cycle of the quotient, followed
+ * from a node, ends at a moved copy of that node; repeated at most n/P
+ * times it closes, a closed walk of the real graph. A ring's 4096 ranks
+ * fold onto one. A cycle found on the quotient is then named on the real
+ * ranks; matching needs no second pass (sim_graph_match).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -32,15 +44,29 @@
 
 #define V_POSTED (UINT32_MAX - 1) /* ready, its mate not yet */
 #define V_DONE UINT32_MAX
+#define V_END (UINT32_MAX - 2) /* ends a rank's list of ready steps */
 
 typedef struct {
   uint32_t rank, step;
 } vnode_t;
 
+/* One run of Kahn's algorithm over ranks 0 .. nq-1 (nq: the period, or
+ * every rank), peers taken mod nq. The order of a run does not change what
+ * it finds, so it works one rank at a time while that rank has ready steps
+ * (they mostly follow one another in its arrays), then the next rank in a
+ * FIFO of ranks with ready steps. A ready step's counter links it into its
+ * rank's list. */
 typedef struct {
-  vnode_t *v;
-  size_t n, cap;
-} vstack_t;
+  sim_graph_t *g;
+  int nq;
+  sim_run_t c;    /* counters: dependencies left, V_POSTED, V_DONE, or the
+                     next ready step of the rank (V_END: none) */
+  uint32_t *head; /* [nq]: each rank's ready steps, V_END for none */
+  uint32_t *fifo; /* [nq]: ranks with ready steps, each at most once */
+  size_t fhead, fn;
+  uint32_t cur; /* the rank worked on (not in the FIFO), or UINT32_MAX */
+  uint64_t done;
+} kahn_t;
 
 static int vfail(char *err, size_t errlen, int rc, const char *fmt, ...) {
   if (err && errlen) {
@@ -52,49 +78,49 @@ static int vfail(char *err, size_t errlen, int rc, const char *fmt, ...) {
   return rc;
 }
 
-static int vpush(vstack_t *s, uint32_t rank, uint32_t step) {
-  if (s->n == s->cap) {
-    size_t ncap = s->cap ? s->cap * 2 : 4096;
-    vnode_t *nv = realloc(s->v, ncap * sizeof(*nv));
-    if (!nv)
-      return -ENOMEM;
-    s->v = nv;
-    s->cap = ncap;
-  }
-  s->v[s->n++] = (vnode_t){rank, step};
-  return 0;
+/* Step i of rank r is ready. */
+static void ready(kahn_t *k, uint32_t r, uint32_t i) {
+  if (k->head[r] == V_END && r != k->cur)
+    k->fifo[(k->fhead + k->fn++) % (size_t)k->nq] = r;
+  *sim_counter(&k->c, r, i) = k->head[r];
+  k->head[r] = i;
 }
 
 static bool comm_kind(unsigned kind) {
   return kind == STEP_SEND || kind == STEP_RECV;
 }
 
-/* Marks step i of rank r done; pushes the successors it makes ready. */
-static int release(sim_graph_t *g, vstack_t *st, uint32_t r, uint32_t i, uint64_t *done) {
-  sim_rank_t *gr = &g->ranks[r];
-  int rc;
+static const sim_shape_t *shape(const sim_graph_t *g, uint32_t r) {
+  return &g->shapes[g->shape_of[r]];
+}
 
-  gr->steps[i].deps = V_DONE;
-  (*done)++;
-  for (uint32_t k = gr->succ_off[i]; k < gr->succ_off[i + 1]; k++)
-    if (--gr->steps[gr->succ[k]].deps == 0 && (rc = vpush(st, r, gr->succ[k])))
-      return rc;
-  return 0;
+/* Marks step i of rank r done, and the successors it makes ready. */
+static void release(kahn_t *k, uint32_t r, uint32_t i) {
+  const sim_view_t *w = &k->c.rank[r];
+  uint32_t *cnt = w->cnt;
+  const size_t stride = k->c.stride;
+
+  cnt[i * stride] = V_DONE;
+  k->done++;
+  for (uint32_t e = w->steps[i].succ; e < w->steps[i + 1].succ; e++)
+    if (--cnt[w->succ[e] * stride] == 0)
+      ready(k, r, w->succ[e]);
 }
 
 static int describe(const sim_graph_t *g, vnode_t v, char *buf, size_t len) {
-  const sim_step_t *s = &g->ranks[v.rank].steps[v.step];
+  const sim_step_t *s = &shape(g, v.rank)->steps[v.step];
   if (comm_kind(s->kind))
     return snprintf(buf, len, "rank %u step %u (%s of message %u %s rank %d)", v.rank, v.step,
                     plan_step_kind_str(s->kind), s->msg, s->kind == STEP_SEND ? "to" : "from",
-                    s->peer);
+                    sim_graph_peer(g, (int)v.rank, s));
   return snprintf(buf, len, "rank %u step %u (%s)", v.rank, v.step, plan_step_kind_str(s->kind));
 }
 
-/* After Kahn stopped short: find and report one cycle among the steps not
- * done. Per rank, lazily: blocker[i] = a stuck predecessor of stuck step i,
- * seen[i] = 1 + its position on the walk. */
-static int explain_cycle(const sim_graph_t *g, uint64_t done, char *err, size_t errlen) {
+/* After Kahn stopped short on every rank: find and report one cycle among
+ * the steps not done. Per rank, lazily: blocker[i] = a stuck predecessor of
+ * stuck step i, seen[i] = 1 + its position on the walk. */
+static int explain_cycle(kahn_t *k, char *err, size_t errlen) {
+  sim_graph_t *g = k->g;
   const int n = g->nranks;
   uint32_t **blocker = calloc((size_t)n, sizeof(*blocker));
   uint32_t **seen = calloc((size_t)n, sizeof(*seen));
@@ -108,26 +134,26 @@ static int explain_cycle(const sim_graph_t *g, uint64_t done, char *err, size_t 
     goto out;
   }
   for (int r = 0; r < n && cur.rank == UINT32_MAX; r++)
-    for (uint32_t i = 0; i < g->ranks[r].nsteps; i++)
-      if (g->ranks[r].steps[i].deps != V_DONE) {
+    for (uint32_t i = 0; i < shape(g, (uint32_t)r)->nsteps; i++)
+      if (*sim_counter(&k->c, (uint32_t)r, i) != V_DONE) {
         cur = (vnode_t){(uint32_t)r, i};
         break;
       }
   if (cur.rank == UINT32_MAX)
     goto out;
   for (;;) {
-    const sim_rank_t *gr = &g->ranks[cur.rank];
+    const sim_shape_t *sh = shape(g, cur.rank);
     if (!seen[cur.rank]) {
-      blocker[cur.rank] = malloc(((size_t)gr->nsteps + 1) * sizeof(uint32_t));
-      seen[cur.rank] = calloc((size_t)gr->nsteps + 1, sizeof(uint32_t));
+      blocker[cur.rank] = malloc(((size_t)sh->nsteps + 1) * sizeof(uint32_t));
+      seen[cur.rank] = calloc((size_t)sh->nsteps + 1, sizeof(uint32_t));
       if (!blocker[cur.rank] || !seen[cur.rank]) {
         rc = -ENOMEM;
         goto out;
       }
-      for (uint32_t u = 0; u < gr->nsteps; u++)
-        if (gr->steps[u].deps != V_DONE)
-          for (uint32_t k = gr->succ_off[u]; k < gr->succ_off[u + 1]; k++)
-            blocker[cur.rank][gr->succ[k]] = u;
+      for (uint32_t u = 0; u < sh->nsteps; u++)
+        if (*sim_counter(&k->c, cur.rank, u) != V_DONE)
+          for (uint32_t e = sh->steps[u].succ; e < sh->steps[u + 1].succ; e++)
+            blocker[cur.rank][sh->succ[e]] = u;
     }
     if (seen[cur.rank][cur.step])
       break;
@@ -143,13 +169,15 @@ static int explain_cycle(const sim_graph_t *g, uint64_t done, char *err, size_t 
     }
     path[plen++] = cur;
     seen[cur.rank][cur.step] = (uint32_t)plen;
-    const sim_step_t *s = &gr->steps[cur.step];
+    const sim_step_t *s = &sh->steps[cur.step];
     /* posted: waits for its mate, which is not ready; else: waits for a
      * predecessor that never finished */
-    if (s->deps == V_POSTED)
-      cur = (vnode_t){(uint32_t)s->peer, s->mate};
-    else
+    if (*sim_counter(&k->c, cur.rank, cur.step) == V_POSTED) {
+      int p = sim_graph_peer(g, (int)cur.rank, s);
+      cur = (vnode_t){(uint32_t)p, sim_graph_mate(g, (int)cur.rank, cur.step, p)};
+    } else {
       cur = (vnode_t){cur.rank, blocker[cur.rank][cur.step]};
+    }
   }
   size_t start = seen[cur.rank][cur.step] - 1, len = plen - start;
   char msg[2048];
@@ -157,36 +185,36 @@ static int explain_cycle(const sim_graph_t *g, uint64_t done, char *err, size_t 
   uint32_t ranks[8];
   size_t nr = 0;
   bool more = false;
-  for (size_t k = 0; k < len; k++) {
-    size_t j = 0;
-    while (j < nr && ranks[j] != path[start + k].rank)
-      j++;
-    if (j < nr)
+  for (size_t j = 0; j < len; j++) {
+    size_t q = 0;
+    while (q < nr && ranks[q] != path[start + j].rank)
+      q++;
+    if (q < nr)
       continue;
     if (nr == 8) {
       more = true;
       break;
     }
-    ranks[nr++] = path[start + k].rank;
+    ranks[nr++] = path[start + j].rank;
   }
   off += (size_t)snprintf(msg + off, sizeof(msg) - off,
                           "dependency cycle of %zu steps (%" PRIu64 " of %" PRIu64
                           " steps can run) across rank%s",
-                          len, done, g->nsteps, nr > 1 ? "s" : "");
+                          len, k->done, g->nsteps, nr > 1 ? "s" : "");
   for (size_t j = 0; j < nr; j++)
     off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%s %u", j ? "," : "", ranks[j]);
   off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%s: ", more ? ", ..." : "");
-  for (size_t k = 0; k < len && off < sizeof(msg) - 1; k++) {
-    vnode_t a = path[start + k];
-    const sim_step_t *s = &g->ranks[a.rank].steps[a.step];
-    if (k == 12) {
-      off += (size_t)snprintf(msg + off, sizeof(msg) - off, "... (%zu more) ... ", len - k);
+  for (size_t j = 0; j < len && off < sizeof(msg) - 1; j++) {
+    vnode_t a = path[start + j];
+    if (j == 12) {
+      off += (size_t)snprintf(msg + off, sizeof(msg) - off, "... (%zu more) ... ", len - j);
       break;
     }
     off += (size_t)describe(g, a, msg + off, sizeof(msg) - off);
     if (off < sizeof(msg) - 1)
       off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%s",
-                              s->deps == V_POSTED ? " pairs with " : " waits for ");
+                              *sim_counter(&k->c, a.rank, a.step) == V_POSTED ? " pairs with "
+                                                                              : " waits for ");
   }
   if (off < sizeof(msg) - 1)
     describe(g, path[start], msg + off, sizeof(msg) - off);
@@ -207,48 +235,73 @@ out:
   return rc;
 }
 
-/* Kahn's algorithm on the union graph; g must be matched. */
-static int check_acyclic(sim_graph_t *g, char *err, size_t errlen) {
-  vstack_t st = {0};
-  uint64_t done = 0;
+/* Kahn's algorithm on the union graph of ranks 0 .. nq-1, nq the period or
+ * every rank; g must be matched. -EDEADLK: a cycle (named when nq is every
+ * rank). */
+static int check_acyclic(sim_graph_t *g, int nq, char *err, size_t errlen) {
+  kahn_t k = {.g = g, .nq = nq, .cur = UINT32_MAX};
+  uint64_t total = 0;
   int rc = 0;
 
-  for (int r = 0; r < g->nranks; r++)
-    for (uint32_t i = 0; i < g->ranks[r].nsteps; i++)
-      if (g->ranks[r].steps[i].deps == 0 && (rc = vpush(&st, (uint32_t)r, i)))
-        goto out;
-  while (st.n) {
-    vnode_t v = st.v[--st.n];
-    sim_step_t *s = &g->ranks[v.rank].steps[v.step];
-    if (!comm_kind(s->kind)) {
-      if ((rc = release(g, &st, v.rank, v.step, &done)))
-        goto out;
-      continue;
-    }
-    sim_step_t *o = &g->ranks[s->peer].steps[s->mate];
-    if (o->deps != V_POSTED) {
-      s->deps = V_POSTED;
-      continue;
-    }
-    if ((rc = release(g, &st, v.rank, v.step, &done)) ||
-        (rc = release(g, &st, (uint32_t)s->peer, s->mate, &done)))
-      goto out;
+  k.head = malloc((size_t)nq * sizeof(*k.head));
+  k.fifo = malloc((size_t)nq * sizeof(*k.fifo));
+  if (!k.head || !k.fifo || (rc = sim_run_init(&k.c, g, nq))) {
+    rc = -ENOMEM;
+    goto out;
   }
-  if (done < g->nsteps)
-    rc = explain_cycle(g, done, err, errlen);
+  for (int r = 0; r < nq; r++) {
+    const sim_shape_t *sh = shape(g, (uint32_t)r);
+    total += sh->nsteps;
+    k.head[r] = V_END;
+    for (uint32_t j = sh->nroots; j-- > 0;)
+      ready(&k, (uint32_t)r, sh->roots[j]);
+  }
+  while (k.fn) {
+    const uint32_t r = k.fifo[k.fhead];
+    const sim_view_t *w = &k.c.rank[r];
+    k.fhead = (k.fhead + 1) % (size_t)nq;
+    k.fn--;
+    k.cur = r;
+    while (k.head[r] != V_END) {
+      const uint32_t i = k.head[r];
+      const sim_step_t *s = &w->steps[i];
+      uint32_t *cnt = sim_counter(&k.c, r, i);
+      k.head[r] = *cnt;
+      if (!comm_kind(s->kind)) {
+        release(&k, r, i);
+        continue;
+      }
+      int p = sim_graph_peer(g, (int)r, s);
+      uint32_t j = sim_graph_mate(g, (int)r, i, p);
+      uint32_t q = (uint32_t)(p % nq);
+      if (*sim_counter(&k.c, q, j) != V_POSTED) {
+        *cnt = V_POSTED;
+        continue;
+      }
+      release(&k, r, i);
+      release(&k, q, j);
+    }
+    k.cur = UINT32_MAX;
+  }
+  if (k.done < total)
+    rc = nq == g->nranks ? explain_cycle(&k, err, errlen) : -EDEADLK;
 out:
   if (rc == -ENOMEM)
     vfail(err, errlen, rc, "out of memory ordering %" PRIu64 " steps", g->nsteps);
-  free(st.v);
-  sim_graph_reset_deps(g);
+  free(k.head);
+  free(k.fifo);
+  sim_run_fini(&k.c);
   return rc;
 }
 
-static int verify_graph(sim_graph_t *g, char *err, size_t errlen) {
+int verify_graph(sim_graph_t *g, char *err, size_t errlen) {
   int rc = sim_graph_match(g, err, errlen);
   if (rc)
     return rc;
-  return check_acyclic(g, err, errlen);
+  rc = check_acyclic(g, g->period, err, errlen);
+  if (rc == -EDEADLK && g->period < g->nranks)
+    rc = check_acyclic(g, g->nranks, err, errlen);
+  return rc;
 }
 
 int verify_plans(plan_t *const *plans, int nranks, char *err, size_t errlen) {
