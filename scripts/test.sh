@@ -21,8 +21,8 @@ if ./scripts/build.sh build-asan -DCHORUS_SANITIZE=ON -DCHORUS_BUILD_MPI_BENCH=O
    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$san_logs/ubsan:log_exe_name=1" \
    ctest --output-on-failure -j"$jobs" --timeout 900 -LE 'scale|heavy') || status=1
   # (label "scale": the 4096-rank verification and simulation, and "heavy":
-  # every collective x algorithm x dtype x op in process, run in the
-  # developer build only - under ASan they take over ten minutes each; the
+  # every collective x algorithm x dtype x op in process and over shm and
+  # tcp at 1..9 and 16 ranks, run in the developer build only - under ASan they take over ten minutes each; the
   # same code paths run sanitized through the other tests)
   # a log holding only the runtime's notes ("Running thread ... was not
   # suspended" in forked ranks) is no report; errors and leaks are
