@@ -538,7 +538,8 @@ chorus_result comm_open_transport(chorus_comm_t *c) {
                        .nranks = c->size,
                        .job_id = job_id,
                        .inproc_world = c->local ? c->local->world : NULL,
-                       .host_of = c->topo ? c->topo->host_of : NULL};
+                       .host_of = c->topo ? c->topo->host_of : NULL,
+                       .shm_bounce = c->set.shm_bounce ? c->set.shm_bounce : PROV_BOUNCE_NONE};
   int rc = prov_open(&cfg, &c->prov, err, sizeof(err));
   if (rc)
     return comm_error(c, CHORUS_ERR_TRANSPORT, "opening transport '%s' failed: %s", name, err);

@@ -70,7 +70,12 @@ typedef struct prov_config {
   /* prov_multi only ("A+B"): host of each rank, host_of[nranks]; ranks on
    * this rank's host are reached over A, the others over B. */
   const int *host_of;
+  /* shm: largest message from ordinary memory sent through a mappable
+   * bounce slot (a quarter of it when ranks outnumber cores). 0: the
+   * default, 256 KiB; PROV_BOUNCE_NONE: never. */
+  size_t shm_bounce;
 } prov_config_t;
+#define PROV_BOUNCE_NONE ((size_t)-1)
 
 typedef struct prov_ops {
   size_t size; /* sizeof(prov_ops_t), for versioning */

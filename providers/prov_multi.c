@@ -235,8 +235,11 @@ static int multi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size
 
   /* child 0 inside the host, child 1 between hosts: only those with a peer */
   if (lsize > 1 || m->nranks == 1) {
-    prov_config_t c0 = {
-        .name = m->child_name[0], .rank = lrank, .nranks = lsize, .job_id = cfg->job_id};
+    prov_config_t c0 = {.name = m->child_name[0],
+                        .rank = lrank,
+                        .nranks = lsize,
+                        .job_id = cfg->job_id,
+                        .shm_bounce = cfg->shm_bounce};
 
     rc = prov_open(&c0, &m->child[0].p, cerr, sizeof(cerr));
     if (rc) {
@@ -247,8 +250,11 @@ static int multi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size
     m->child[0].nranks = lsize;
   }
   if (lsize < m->nranks) {
-    prov_config_t c1 = {
-        .name = m->child_name[1], .rank = m->rank, .nranks = m->nranks, .job_id = cfg->job_id};
+    prov_config_t c1 = {.name = m->child_name[1],
+                        .rank = m->rank,
+                        .nranks = m->nranks,
+                        .job_id = cfg->job_id,
+                        .shm_bounce = cfg->shm_bounce};
 
     rc = prov_open(&c1, &m->child[1].p, cerr, sizeof(cerr));
     if (rc) {

@@ -200,7 +200,7 @@ struct ofi_ep {
    * still be reading it). */
   unsigned char *bounce;
   uint32_t bounce_free;
-  size_t bounce_max; /* largest message bounced (CHORUS_SHM_BOUNCE) */
+  size_t bounce_max; /* largest message bounced (prov_config_t.shm_bounce) */
   int rank, nranks;
   char prov_name[64];
   char errmsg[256];
@@ -757,14 +757,15 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
     /* Bouncing costs a second copy to save CMA's page pinning: a gain
      * while a core is free to make it, not when ranks outnumber the cores
      * (then only small messages, where pinning dominates, bounce). */
-    const char *bm = getenv("CHORUS_SHM_BOUNCE");
     cpu_set_t cpus;
     long cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
-    o->bounce_max = cores > 0 && cfg->nranks > cores ? OFI_BOUNCE_SLOT / 4 : OFI_BOUNCE_SLOT;
-    if (bm)
-      o->bounce_max = strtoul(bm, NULL, 0);
+    o->bounce_max = cfg->shm_bounce == PROV_BOUNCE_NONE ? 0
+                    : cfg->shm_bounce                   ? cfg->shm_bounce
+                                                        : OFI_BOUNCE_SLOT;
     if (o->bounce_max > OFI_BOUNCE_SLOT)
       o->bounce_max = OFI_BOUNCE_SLOT;
+    if (cores > 0 && cfg->nranks > cores)
+      o->bounce_max /= 4;
     if (o->rndv && o->bounce_max &&
         memreg_alloc((void **)&o->bounce, OFI_BOUNCE_SLOT * OFI_BOUNCE_SLOTS) == 0)
       o->bounce_free = OFI_BOUNCE_SLOTS == 32 ? ~0u : (1u << OFI_BOUNCE_SLOTS) - 1;
