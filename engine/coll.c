@@ -1082,6 +1082,15 @@ static int ranks_here(const chorus_comm_t *c) {
   return c->size;
 }
 
+int coll_ranks_per_core(const chorus_comm_t *c) {
+  cpu_set_t set;
+  long cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (cores <= 0)
+    cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int here = ranks_here(c);
+  return cores <= 0 || here <= cores ? 1 : (int)((here + cores - 1) / cores);
+}
+
 /* Ranks outnumbering the cores take turns: a message then waits, on
  * average, for its receiver to be scheduled, which no link parameter
  * measures. Every message's alpha grows by SEL_TURN_S per rank sharing a
@@ -1095,18 +1104,13 @@ static int ranks_here(const chorus_comm_t *c) {
 #define SEL_DEFAULT_CHUNK (256 * 1024) /* CHORUS_CHUNK_BYTES's default (settings.c) */
 static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   c->chunk_bytes = c->set.chunk_bytes;
-  cpu_set_t set;
-  long cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-  if (cores <= 0)
-    cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int here = ranks_here(c);
-  if (cores <= 0 || here <= cores)
+  int per_core = coll_ranks_per_core(c);
+  if (per_core <= 1)
     return;
-  double per_core = (double)here / (double)cores;
   s->intra.alpha += SEL_TURN_S * per_core;
   s->inter.alpha += SEL_TURN_S * per_core;
   if (c->set.chunk_bytes == SEL_DEFAULT_CHUNK)
-    c->chunk_bytes = SEL_DEFAULT_CHUNK * (size_t)((here + cores - 1) / cores);
+    c->chunk_bytes = SEL_DEFAULT_CHUNK * (size_t)per_core;
 }
 
 chorus_result coll_comm_init(chorus_comm_t *c) {

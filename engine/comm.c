@@ -529,6 +529,16 @@ static const char *choose_provider(const chorus_comm_t *c) {
   return "shm+tcp";
 }
 
+/* Bouncing costs a second copy to save CMA's page pinning: a gain while a
+ * core is free to make it, not when ranks outnumber the cores; then only
+ * messages up to a quarter of CHORUS_SHM_BOUNCE, where pinning dominates. */
+static size_t shm_bounce(const chorus_comm_t *c) {
+  size_t b = c->set.shm_bounce;
+  if (b && coll_ranks_per_core(c) > 1)
+    b /= 4;
+  return b ? b : PROV_BOUNCE_NONE;
+}
+
 chorus_result comm_open_transport(chorus_comm_t *c) {
   char err[1024] = "";
   const char *name = choose_provider(c);
@@ -539,7 +549,7 @@ chorus_result comm_open_transport(chorus_comm_t *c) {
                        .job_id = job_id,
                        .inproc_world = c->local ? c->local->world : NULL,
                        .host_of = c->topo ? c->topo->host_of : NULL,
-                       .shm_bounce = c->set.shm_bounce ? c->set.shm_bounce : PROV_BOUNCE_NONE};
+                       .shm_bounce = shm_bounce(c)};
   int rc = prov_open(&cfg, &c->prov, err, sizeof(err));
   if (rc)
     return comm_error(c, CHORUS_ERR_TRANSPORT, "opening transport '%s' failed: %s", name, err);

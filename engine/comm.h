@@ -160,6 +160,9 @@ void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake);
  * communicator coll_comm_init never saw); coll_comm_drop_queued fails the
  * requests of c still queued in this thread's open group (destroy). */
 chorus_result coll_comm_init(chorus_comm_t *c);
+/* Ranks on this rank's machine per core it may run on, rounded up; 1 when
+ * they do not outnumber the cores (selection, chunking, shm bouncing). */
+int coll_ranks_per_core(const chorus_comm_t *c);
 void coll_comm_fini(chorus_comm_t *c);
 void coll_comm_drop_queued(chorus_comm_t *c);
 /* Test hook: replace c's algorithm overrides, same syntax as CHORUS_ALGO

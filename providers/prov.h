@@ -71,8 +71,8 @@ typedef struct prov_config {
    * this rank's host are reached over A, the others over B. */
   const int *host_of;
   /* shm: largest message from ordinary memory sent through a mappable
-   * bounce slot (a quarter of it when ranks outnumber cores). 0: the
-   * default, 256 KiB; PROV_BOUNCE_NONE: never. */
+   * bounce slot (at most 256 KiB; the engine lowers it when ranks
+   * outnumber cores). 0: the default, 256 KiB; PROV_BOUNCE_NONE: never. */
   size_t shm_bounce;
 } prov_config_t;
 #define PROV_BOUNCE_NONE ((size_t)-1)

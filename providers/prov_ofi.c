@@ -61,7 +61,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -754,18 +753,11 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
     /* every rendezvous send also posts a receive for its ack: keep sends
      * plus acks plus receives inside shm's receive queue */
     o->rndv = !db_cma_disabled();
-    /* Bouncing costs a second copy to save CMA's page pinning: a gain
-     * while a core is free to make it, not when ranks outnumber the cores
-     * (then only small messages, where pinning dominates, bounce). */
-    cpu_set_t cpus;
-    long cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
     o->bounce_max = cfg->shm_bounce == PROV_BOUNCE_NONE ? 0
                     : cfg->shm_bounce                   ? cfg->shm_bounce
                                                         : OFI_BOUNCE_SLOT;
     if (o->bounce_max > OFI_BOUNCE_SLOT)
       o->bounce_max = OFI_BOUNCE_SLOT;
-    if (cores > 0 && cfg->nranks > cores)
-      o->bounce_max /= 4;
     if (o->rndv && o->bounce_max &&
         memreg_alloc((void **)&o->bounce, OFI_BOUNCE_SLOT * OFI_BOUNCE_SLOTS) == 0)
       o->bounce_free = OFI_BOUNCE_SLOTS == 32 ? ~0u : (1u << OFI_BOUNCE_SLOTS) - 1;
