@@ -480,31 +480,6 @@ void exec_fail_all(exec_ctx_t *ctx, int status) {
   }
 }
 
-void exec_dump(const exec_ctx_t *ctx, FILE *f) {
-  fprintf(f, "rank %d comm %u: %zu sends and %zu receives posted (max %zu)%s\n", ctx->rank,
-          ctx->comm_id, ctx->posted_sends, ctx->posted_recvs, ctx->max_posted,
-          ctx->stalled ? ", stalled" : "");
-  for (const exec_t *ex = ctx->active; ex; ex = ex->next) {
-    const plan_t *p = ex->plan;
-    fprintf(f,
-            "  run seq %u %s count %zu: %u/%u done, %u failed, %u posted, queued %u local %u "
-            "send %u recv, status %d\n",
-            ex->seq, p->algo, p->count, ex->ndone, ex->nsteps, ex->nfailed, ex->nposted,
-            ex->ql_tail - ex->ql_head, ex->qs_tail - ex->qs_head, ex->qr_tail - ex->qr_head,
-            ex->status);
-    for (uint32_t i = 0; i < ex->nsteps; i++) {
-      const exec_step_t *st = &ex->steps[i];
-      const plan_step_t *ps = &p->steps[i];
-      if (st->fsm.state == S_DONE ||
-          (st->fsm.state == S_WAIT && ps->kind != STEP_RECV && ps->kind != STEP_SEND))
-        continue;
-      fprintf(f, "    step %u %s %s peer %d bytes %zu msg %u deps_left %u%s\n", i,
-              step_state_names[st->fsm.state], plan_step_kind_str(ps->kind), ps->peer, ps->bytes,
-              ps->msg | ex->msg_or, st->deps_left, st->borrowable ? " borrow" : "");
-    }
-  }
-}
-
 bool exec_idle(const exec_ctx_t *ctx) {
   return ctx->active == NULL;
 }

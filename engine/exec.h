@@ -15,7 +15,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "fsm.h"
 #include "plan.h"
@@ -60,8 +59,6 @@ void exec_start(exec_ctx_t *ctx, exec_t *ex);
 size_t exec_drive(exec_ctx_t *ctx);
 /* Fails every active run with `status` (cancels what is posted). */
 void exec_fail_all(exec_ctx_t *ctx, int status);
-/* Writes every active run's pending steps (state, peer, bytes, message). */
-void exec_dump(const exec_ctx_t *ctx, FILE *f);
 /* True when nothing is running. */
 bool exec_idle(const exec_ctx_t *ctx);
 void exec_ctx_fini(exec_ctx_t *ctx);
