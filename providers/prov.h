@@ -19,6 +19,9 @@
  *    status 0 or a negative errno-style code (-ECANCELED after cancel).
  *  - Nothing is thread safe: one thread (the owner's progress thread) calls
  *    every op of an instance. Callbacks may post new operations.
+ *  - A send carries 63 bits of immediate data (prov_op.data) that its
+ *    receive gets back (libfabric remote CQ data); a transport that can not
+ *    carry it leaves the receive's data 0 (not PROV_DATA_VALID).
  *  - post_send/post_recv return 0, or -EAGAIN when the provider's queues are
  *    full (drive progress() and retry), or another negative error.
  *
@@ -58,7 +61,12 @@ struct prov_op {
   void *internal[4];    /* owned by the provider while the op is posted or borrowed */
   unsigned flags;       /* PROV_OP_*, in */
   const void *borrowed; /* out: NULL, or where a borrowed receive's data lies */
+  /* Immediate data. Send, in: a value below 2^63 delivered with the message
+   * (the engine's call fingerprint). Receive, out: PROV_DATA_VALID | the
+   * sender's value when the transport carried it, else 0. */
+  uint64_t data;
 };
+#define PROV_DATA_VALID (1ULL << 63)
 
 /* Settings a transport is opened with. */
 typedef struct prov_config {

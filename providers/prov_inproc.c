@@ -62,6 +62,7 @@ struct inproc_req {
   size_t len;     /* buffer length; eager: bytes of data */
   size_t xfer;    /* bytes moved, reported to done() */
   size_t msg_len; /* recv: length of the matched message (truncation report) */
+  uint64_t data;  /* send: its immediate data; recv: the matched message's */
   int status;
   unsigned char kind;
   unsigned char state; /* changed under the slot locks it depends on */
@@ -325,9 +326,10 @@ static void cq_push(struct inproc_ep *ep, struct inproc_req *r) {
 }
 
 /* Copies a message into a receive; reports truncation like FI_ETRUNC. */
-static void recv_fill(struct inproc_req *r, const void *data, size_t len) {
+static void recv_fill(struct inproc_req *r, const void *data, size_t len, uint64_t imm) {
   size_t n = len < r->len ? len : r->len;
 
+  r->data = imm;
   if (n)
     memcpy(r->buf, data, n);
   r->xfer = n;
@@ -459,6 +461,7 @@ static int inproc_post_send(prov_t *p, int peer, const void *buf, size_t len, ui
   r->tag = tag;
   r->buf = (void *)(uintptr_t)buf;
   r->len = len;
+  r->data = op->data & ~PROV_DATA_VALID;
   op->internal[PROV_OP_OWNER] = p;
   op->internal[PROV_OP_REQ] = r;
   dslot = &w->slots[peer];
@@ -466,7 +469,7 @@ static int inproc_post_send(prov_t *p, int peer, const void *buf, size_t len, ui
   lock_pair(w, ep->rank, peer);
   rv = table_take(&dslot->posted, ep->rank, tag);
   if (rv) {
-    recv_fill(rv, buf, len);
+    recv_fill(rv, buf, len, r->data);
     cq_push(rv->owner, rv);
     r->xfer = len;
     cq_push(ep, r);
@@ -483,6 +486,7 @@ static int inproc_post_send(prov_t *p, int peer, const void *buf, size_t len, ui
     m->req.dst = peer;
     m->req.tag = tag;
     m->req.len = len;
+    m->req.data = r->data;
     if (len)
       memcpy(m->data, buf, len);
     rc = table_append(&dslot->unexpected, &m->req);
@@ -545,11 +549,11 @@ static int inproc_post_recv(prov_t *p, int peer, void *buf, size_t len, uint64_t
     }
   } else if (m->kind == INPROC_EAGER) {
     eager = PROV_CONTAINER_OF(m, struct inproc_eager, req);
-    recv_fill(r, eager->data, m->len);
+    recv_fill(r, eager->data, m->len, m->data);
     cq_push(ep, r);
   } else {
     /* Rendezvous: the sender (rank `peer`, locked) is still waiting. */
-    recv_fill(r, m->buf, m->len);
+    recv_fill(r, m->buf, m->len, m->data);
     m->xfer = m->len;
     cq_push(m->owner, m);
     cq_push(ep, r);
@@ -598,6 +602,8 @@ static int inproc_progress(prov_t *p) {
     size_t xfer = r->xfer;
 
     next = r->cnext;
+    if (r->kind == INPROC_RECV)
+      op->data = status == -ECANCELED ? 0 : PROV_DATA_VALID | r->data;
     if (r->kind == INPROC_SEND)
       ep->nsend--;
     else

@@ -102,9 +102,12 @@
 /* Single-copy rendezvous (shm with CMA): every message above the inject
  * size travels as a descriptor; the receiver copies with process_vm_readv
  * and acks (see "single-copy rendezvous" below for why). */
-#define OFI_RNDV_DATA 0x434d4152u /* "CMAR", the descriptor's remote CQ data */
-#define OFI_TAG_ACK (1ULL << 63)  /* reserved tag bit: rendezvous acks */
-#define OFI_MAPS 32               /* peers' chorus_mem_alloc regions kept mapped (LRU) */
+#define OFI_RNDV_DATA 0x434d4152u /* "CMAR", the descriptor's magic */
+/* A descriptor's remote CQ data. The engine's immediate data (prov_op.data)
+ * never has bit 63 set: an ordinary message can not pass for a descriptor. */
+#define OFI_RNDV_MARK ((1ULL << 63) | OFI_RNDV_DATA)
+#define OFI_TAG_ACK (1ULL << 63) /* reserved tag bit: rendezvous acks */
+#define OFI_MAPS 32              /* peers' chorus_mem_alloc regions kept mapped (LRU) */
 /* Bounce slots: a rendezvous send of up to OFI_BOUNCE_SLOT bytes from memory
  * peers can not map is first copied into one of these, in a region they can. */
 #define OFI_BOUNCE_SLOT (256 * 1024)
@@ -148,6 +151,7 @@ struct ofi_slot {
     uint64_t rid, ino, roff;
     int32_t rfd;
     uint32_t flags; /* OFI_DESC_BOUNCE: rid is the sender's bounce region */
+    uint64_t data;  /* the message's immediate data (prov_op.data) */
   } desc;
   union {
     struct fi_context ctx;
@@ -212,6 +216,7 @@ struct ofi_ep {
   struct fid_cq *cq;
   struct fid_ep *ep;
   bool directed;     /* FI_DIRECTED_RECV granted */
+  bool cq_data;      /* 8 bytes of remote CQ data: prov_op.data travels */
   size_t inject_len; /* sends up to this complete without the receiver */
   bool rndv;         /* single-copy rendezvous for large messages (shm + CMA) */
   int32_t pid;
@@ -747,12 +752,14 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
   snprintf(o->prov_name, sizeof(o->prov_name), "%s", o->info->fabric_attr->prov_name);
   o->directed = o->directed && (o->info->caps & FI_DIRECTED_RECV);
   o->inject_len = o->info->tx_attr->inject_size;
+  /* 8 bytes of remote CQ data carry the engine's immediate data */
+  o->cq_data = o->info->domain_attr->cq_data_size >= sizeof(uint64_t);
   o->max_posted = ofi_safe_posted(o->info);
   if (strcmp(o->prov_name, "shm") == 0) {
     o->wait = OFI_WAIT_DOORBELL;
     /* every rendezvous send also posts a receive for its ack: keep sends
      * plus acks plus receives inside shm's receive queue */
-    o->rndv = !db_cma_disabled();
+    o->rndv = !db_cma_disabled() && o->cq_data;
     o->bounce_max = cfg->shm_bounce == PROV_BOUNCE_NONE ? 0
                     : cfg->shm_bounce                   ? cfg->shm_bounce
                                                         : OFI_BOUNCE_SLOT;
@@ -1037,6 +1044,7 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
   s->desc.cookie = ((uint64_t)s->gen << 32) | ofi_slot_index(o, s);
   s->desc.pid = o->pid;
   s->desc.magic = OFI_RNDV_DATA;
+  s->desc.data = s->op->data & ~PROV_DATA_VALID;
   memreg_info_t mi;
   s->bounce = 0;
   s->desc.flags = 0;
@@ -1060,7 +1068,7 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
   }
   s->rndv_status = 0;
   s->ack_status = -EIO;
-  rc = fi_tsenddata(o->ep, &s->desc, sizeof(s->desc), NULL, OFI_RNDV_DATA, o->peers[s->peer],
+  rc = fi_tsenddata(o->ep, &s->desc, sizeof(s->desc), NULL, OFI_RNDV_MARK, o->peers[s->peer],
                     s->tag, &s->fctx);
   if (rc) {
     if (s->bounce) /* never sent: nobody reads it */
@@ -1183,6 +1191,7 @@ static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t
     ofi_seterr(o, "recv from rank %d: malformed rendezvous descriptor", s->peer);
     return -EPROTO;
   }
+  s->op->data = PROV_DATA_VALID | d.data;
   if (d.len <= s->len && (mapped = ofi_map_region(o, &d))) {
     *len = (size_t)d.len;
     bool bounced = d.flags & OFI_DESC_BOUNCE;
@@ -1264,7 +1273,11 @@ static int ofi_post_send(prov_t *p, int peer, const void *buf, size_t len, uint6
     return -EAGAIN;
   if (ofi_use_rndv(o, peer, len))
     return ofi_post_rndv_send(o, s, buf, len);
-  rc = fi_tsend(o->ep, buf, len, NULL, o->peers[peer], tag, &s->fctx);
+  if (o->cq_data)
+    rc = fi_tsenddata(o->ep, buf, len, NULL, op->data & ~PROV_DATA_VALID, o->peers[peer], tag,
+                      &s->fctx);
+  else
+    rc = fi_tsend(o->ep, buf, len, NULL, o->peers[peer], tag, &s->fctx);
   if (rc)
     return ofi_post_failed(o, s, rc, "send to");
   if (o->wait == OFI_WAIT_DOORBELL) {
@@ -1406,9 +1419,12 @@ static void ofi_complete(struct ofi_ep *o, void *ctx, int status, size_t len, ui
     ofi_deliver(o, s, s->rndv_status, s->len);
     return;
   }
-  if (!s->is_send && !status && (flags & FI_REMOTE_CQ_DATA) && data == OFI_RNDV_DATA &&
-      len == sizeof(struct ofi_rndv_desc))
-    status = ofi_rndv_pull(o, s, s->rbuf, &len);
+  if (!s->is_send) {
+    s->op->data = !status && (flags & FI_REMOTE_CQ_DATA) ? PROV_DATA_VALID | data : 0;
+    if (!status && (flags & FI_REMOTE_CQ_DATA) && data == OFI_RNDV_MARK &&
+        len == sizeof(struct ofi_rndv_desc))
+      status = ofi_rndv_pull(o, s, s->rbuf, &len);
+  }
   ofi_deliver(o, s, status, len);
 }
 

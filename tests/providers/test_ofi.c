@@ -96,6 +96,7 @@ static void check_sizes(const char *name) {
       r[d][i].buf = xmalloc(sizes[i]);
       pt_fill(s[d][i].buf, sizes[i], 100 * d + i);
       memset(r[d][i].buf, 0xee, sizes[i]);
+      s[d][i].op.data = 0x0123456789abcdefULL ^ (uint64_t)(d * N + i); /* immediate data */
       all[k++] = &s[d][i];
       all[k++] = &r[d][i];
     }
@@ -128,6 +129,9 @@ static void check_sizes(const char *name) {
       cr_assert_eq(r[d][i].len, sizes[i]);
       cr_assert_eq(pt_check(r[d][i].buf, sizes[i], 100 * d + i), (size_t)-1, "size %zu: wrong data",
                    sizes[i]);
+      cr_assert_eq(r[d][i].op.data,
+                   PROV_DATA_VALID | (0x0123456789abcdefULL ^ (uint64_t)(d * N + i)),
+                   "size %zu: immediate data %#llx", sizes[i], (unsigned long long)r[d][i].op.data);
       free(s[d][i].buf);
       free(r[d][i].buf);
     }
