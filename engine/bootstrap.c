@@ -74,6 +74,8 @@
 
 #include "bootstrap.pb-c.h"
 #include "chorus.h"
+#include "fsm.h"
+#include "watch_srv.h"
 
 #define BOOT_PROTOCOL_VERSION 1
 #define BOOT_MAX_FRAME (64u << 20)       /* any frame after Hello */
@@ -284,6 +286,8 @@ struct srv_conn {
   int rank;         /* -1 until JOINED */
   double timeout_s; /* the client's budget for what it waits on */
   char peer[64];    /* "ip:port", for messages */
+  bool watch;       /* JOINED as rank's watchdog connection, not its bootstrap */
+  bool watch_bye;   /* said WatchBye: its close is no loss */
 };
 
 struct boot_server {
@@ -315,6 +319,10 @@ struct boot_server {
   bool *contributed;
   int ncontrib;
   bool *left; /* said Bye */
+  /* the watchdog (watch_srv.h), when configured */
+  wsrv_t *ws;
+  struct event *tick_ev;
+  struct srv_conn **watch_by_rank;
 };
 
 static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
@@ -358,6 +366,8 @@ static void conn_free(struct srv_conn *c) {
   srv->nconns--;
   if (c->rank >= 0 && srv->by_rank[c->rank] == c)
     srv->by_rank[c->rank] = NULL;
+  if (c->rank >= 0 && srv->watch_by_rank && srv->watch_by_rank[c->rank] == c)
+    srv->watch_by_rank[c->rank] = NULL;
   event_free(c->timer);
   bufferevent_free(c->bev);
   free(c);
@@ -478,7 +488,7 @@ static void job_fail(struct boot_server *srv, Chorus__Boot__ErrorCode code, cons
   frame = error_frame(code, msg, ranks, nranks, &len);
   for (c = LIST_FIRST(&srv->conns); c; c = next) {
     next = LIST_NEXT(c, link);
-    if (c->state == CONN_JOINED)
+    if (c->state == CONN_JOINED) /* a watchdog connection got the verdict first */
       conn_close(c, frame, len);
     else if (c->state == CONN_PENDING)
       conn_close(c, NULL, 0);
@@ -791,10 +801,99 @@ static void on_bye(struct srv_conn *c) {
              (unsigned long long)srv->round);
 }
 
+/* A rank's watchdog connection (bootstrap.proto): admitted like a Hello,
+ * once the job runs. */
+static void on_watch_hello(struct srv_conn *c, const Chorus__Boot__WatchHello *h) {
+  struct boot_server *srv = c->srv;
+  uint32_t r = h->rank;
+
+  if (c->state != CONN_PENDING) {
+    conn_refuse(c, CHORUS__BOOT__ERROR_CODE__ERROR_PROTOCOL, "WatchHello twice");
+    return;
+  }
+  if (h->version != BOOT_PROTOCOL_VERSION ||
+      !token_equal(h->token.data, h->token.len, srv->token, srv->token_len) ||
+      h->size != (uint32_t)srv->size || r >= (uint32_t)srv->size) {
+    conn_refuse(c, CHORUS__BOOT__ERROR_CODE__ERROR_AUTH,
+                "the rendezvous %s refused a watchdog connection (claiming rank %u of %u): wrong "
+                "version, token, size or rank",
+                srv->addr, r, h->size);
+    return;
+  }
+  if (!srv->ws || srv->state == JOB_FAILED || srv->watch_by_rank[r]) {
+    conn_refuse(c, CHORUS__BOOT__ERROR_CODE__ERROR_PROTOCOL, "the rendezvous %s has %s for rank %u",
+                srv->addr,
+                !srv->ws                   ? "no watchdog"
+                : srv->state == JOB_FAILED ? "no job"
+                                           : "a watchdog connection already",
+                r);
+    return;
+  }
+  conn_unpend(c);
+  evtimer_del(c->timer);
+  c->rank = (int)r;
+  c->state = CONN_JOINED;
+  c->watch = true;
+  srv->watch_by_rank[r] = c;
+  wsrv_join(srv->ws, (int)r, now_s());
+
+  Chorus__Boot__Envelope env = CHORUS__BOOT__ENVELOPE__INIT;
+  Chorus__Boot__WatchWelcome w = CHORUS__BOOT__WATCH_WELCOME__INIT;
+  size_t len;
+  w.t_client_ns = h->t_client_ns;
+  w.t_server_ns = fsm_now_ns();
+  env.msg_case = CHORUS__BOOT__ENVELOPE__MSG_WATCH_WELCOME;
+  env.watch_welcome = &w;
+  uint8_t *frame = frame_pack(&env, &len);
+  if (frame)
+    bufferevent_write(c->bev, frame, len);
+  free(frame);
+}
+
+static void on_watch_message(struct srv_conn *c, envelope_t *env) {
+  struct boot_server *srv = c->srv;
+
+  switch (env->msg_case) {
+  case CHORUS__BOOT__ENVELOPE__MSG_BEAT:
+    wsrv_beat(srv->ws, c->rank, env->beat, now_s());
+    break;
+  case CHORUS__BOOT__ENVELOPE__MSG_WATCH_BYE:
+    c->watch_bye = true;
+    wsrv_bye(srv->ws, c->rank);
+    break;
+  default:
+    eng_log(ENG_WARN, 0, "bootstrap", "rendezvous %s: rank %d's watchdog sent message kind %d",
+            srv->addr, c->rank, (int)env->msg_case);
+    break;
+  }
+}
+
+static void ws_send(void *arg, int rank, const uint8_t *frame, size_t len) {
+  struct boot_server *srv = arg;
+  struct srv_conn *c = srv->watch_by_rank ? srv->watch_by_rank[rank] : NULL;
+
+  if (c && c->state == CONN_JOINED)
+    bufferevent_write(c->bev, frame, len);
+}
+
+static void on_watch_tick(evutil_socket_t fd, short what, void *arg) {
+  struct boot_server *srv = arg;
+
+  if (srv->ws)
+    wsrv_tick(srv->ws, now_s());
+}
+
 static void on_message(struct srv_conn *c, envelope_t *env) {
   int r = c->rank;
 
+  if (c->watch) {
+    on_watch_message(c, env);
+    return;
+  }
   switch (env->msg_case) {
+  case CHORUS__BOOT__ENVELOPE__MSG_WATCH_HELLO:
+    on_watch_hello(c, env->watch_hello);
+    break;
   case CHORUS__BOOT__ENVELOPE__MSG_HELLO:
     on_hello(c, env->hello);
     break;
@@ -884,6 +983,21 @@ static void on_conn_event(struct bufferevent *bev, short what, void *arg) {
 
   if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
     return;
+  if (c->watch) {
+    if (c->state == CONN_JOINED && !c->watch_bye && srv->ws)
+      wsrv_lost(srv->ws, r, "its watchdog connection closed without goodbye (did the process die?)",
+                now_s());
+    conn_free(c);
+    return;
+  }
+  if (c->state == CONN_JOINED && srv->state == JOB_RUNNING && srv->ws && srv->ncontrib == 0) {
+    /* the watchdog tells every rank, naming where they wait */
+    c->state = CONN_CLOSING;
+    wsrv_lost(srv->ws, r, "its rendezvous connection closed without goodbye (did the process die?)",
+              now_s());
+    conn_free(c);
+    return;
+  }
   if (c->state == CONN_JOINED) {
     /* Out of the recipients before the job fails: it cannot hear anymore. */
     c->state = CONN_CLOSING;
@@ -1159,6 +1273,10 @@ static void srv_free(struct boot_server *srv) {
     event_free(srv->grace_ev);
   if (srv->stop_ev)
     event_free(srv->stop_ev);
+  if (srv->tick_ev)
+    event_free(srv->tick_ev);
+  wsrv_free(srv->ws);
+  free(srv->watch_by_rank);
   if (srv->base)
     event_base_free(srv->base);
   for (r = 0; r < srv->size; r++) {
@@ -1225,6 +1343,20 @@ static int srv_new(const boot_config_t *cfg, struct boot_server **out, char *err
   srv->relisten_ev = evtimer_new(srv->base, on_relisten, srv);
   if (!srv->stop_ev || !srv->grace_ev || !srv->relisten_ev)
     goto out_free_srv;
+  if (cfg->watch_tick_s > 0) {
+    wsrv_config_t wc = {.size = cfg->size,
+                        .timeout_s = cfg->watch_timeout_s,
+                        .peer_timeout_s = cfg->watch_peer_timeout_s,
+                        .tick_s = cfg->watch_tick_s,
+                        .send = ws_send,
+                        .arg = srv};
+    struct timeval tv = to_tv(cfg->watch_tick_s);
+    srv->ws = wsrv_new(&wc, now_s());
+    srv->watch_by_rank = calloc(n, sizeof(*srv->watch_by_rank));
+    srv->tick_ev = event_new(srv->base, -1, EV_PERSIST, on_watch_tick, srv);
+    if (!srv->ws || !srv->watch_by_rank || !srv->tick_ev || event_add(srv->tick_ev, &tv))
+      goto out_free_srv;
+  }
   *out = srv;
   return 0;
 
@@ -1294,7 +1426,12 @@ struct boot {
   char **hosts;     /* one block: size pointers, then the strings */
   int failed;       /* sticky chorus_result once the channel broke */
   char failmsg[1024];
-  struct boot_server *srv; /* rank 0 only */
+  struct boot_server *srv;  /* rank 0 only */
+  char host[256], port[16]; /* the rendezvous, split (the watchdog connects again) */
+  char *token;
+  int watch_fd; /* the watchdog's connection until boot_watch_connect takes it */
+  int64_t watch_offset_ns;
+  char watch_err[512];
 };
 
 /* Wait until fd is ready for `events` or the deadline. 0, -ETIMEDOUT or -errno. */
@@ -1505,7 +1642,7 @@ out_close:
   return rc;
 }
 
-static int client_connect(boot_t *b, const char *host, const char *port, double start,
+static int client_connect(boot_t *b, int *fd_out, const char *host, const char *port, double start,
                           double deadline, char *err, size_t errlen) {
   struct addrinfo hints, *res, *ai;
   double backoff = 0.005;
@@ -1526,7 +1663,7 @@ static int client_connect(boot_t *b, const char *host, const char *port, double 
       }
       freeaddrinfo(res);
       if (fd >= 0) {
-        b->fd = fd;
+        *fd_out = fd;
         return 0;
       }
     } else if (g != EAI_AGAIN && g != EAI_NONAME && g != EAI_FAIL && g != EAI_SYSTEM) {
@@ -1609,6 +1746,8 @@ static int client_hello(boot_t *b, const boot_config_t *cfg, const char *token, 
   return rc;
 }
 
+static int watch_handshake(boot_t *b, double deadline, char *err, size_t errlen);
+
 int boot_open(const boot_config_t *cfg, boot_t **out, char *err, size_t errlen) {
   char host[256], port[16];
   const char *token;
@@ -1661,9 +1800,21 @@ int boot_open(const boot_config_t *cfg, boot_t **out, char *err, size_t errlen) 
     if (rc)
       goto out_free;
   }
-  rc = client_connect(b, host, port, start, deadline, err, errlen);
+  snprintf(b->host, sizeof(b->host), "%s", host);
+  snprintf(b->port, sizeof(b->port), "%s", port);
+  b->token = strdup(token);
+  if (!b->token) {
+    eng_errf(err, errlen, "boot_open: out of memory");
+    rc = CHORUS_ERR_NO_MEMORY;
+    goto out_stop_server;
+  }
+  b->watch_fd = -1;
+  rc = client_connect(b, &b->fd, host, port, start, deadline, err, errlen);
   if (rc)
     goto out_stop_server;
+  if (cfg->watch_tick_s > 0 && watch_handshake(b, deadline < now_s() + 10 ? deadline : now_s() + 10,
+                                               b->watch_err, sizeof(b->watch_err)))
+    b->watch_fd = -1; /* the job runs without a watchdog (watch_start says so) */
   rc = client_hello(b, cfg, token, start, deadline, err, errlen);
   if (rc)
     goto out_close;
@@ -1672,13 +1823,84 @@ int boot_open(const boot_config_t *cfg, boot_t **out, char *err, size_t errlen) 
 
 out_close:
   close(b->fd);
+  if (b->watch_fd >= 0)
+    close(b->watch_fd);
 out_stop_server:
   if (b->srv)
     srv_stop(b->srv);
 out_free:
+  free(b->token);
   free(b->hosts);
   free(b);
   return rc;
+}
+
+/* The watchdog's connection is made before the Hello: the server stops
+ * listening once every rank said Hello. Its answer comes at once (even
+ * while the job forms), so the round trip dates rank 0's clock. */
+static int watch_handshake(boot_t *b, double deadline, char *err, size_t errlen) {
+  Chorus__Boot__Envelope env = CHORUS__BOOT__ENVELOPE__INIT;
+  Chorus__Boot__WatchHello h = CHORUS__BOOT__WATCH_HELLO__INIT;
+  envelope_t *reply = NULL;
+  double start = now_s();
+  int fd = -1, rc;
+
+  int failed = b->failed; /* a failure here is the watchdog's, not the bootstrap's */
+  rc = client_connect(b, &fd, b->host, b->port, start, deadline, err, errlen);
+  b->failed = failed;
+  if (rc)
+    return rc;
+  h.version = BOOT_PROTOCOL_VERSION;
+  h.token.data = (uint8_t *)b->token;
+  h.token.len = strlen(b->token);
+  h.rank = (uint32_t)b->rank;
+  h.size = (uint32_t)b->size;
+  h.t_client_ns = fsm_now_ns();
+  env.msg_case = CHORUS__BOOT__ENVELOPE__MSG_WATCH_HELLO;
+  env.watch_hello = &h;
+  rc = send_env(fd, &env, deadline);
+  if (!rc)
+    rc = recv_frame(fd, deadline, &reply);
+  uint64_t t1 = fsm_now_ns();
+  if (rc) {
+    eng_errf(err, errlen, "watchdog connection to %s: %s", b->addr, strerror(-rc));
+    close(fd);
+    return rc == -ETIMEDOUT ? CHORUS_ERR_TIMEOUT : CHORUS_ERR_BOOTSTRAP;
+  }
+  if (reply->msg_case != CHORUS__BOOT__ENVELOPE__MSG_WATCH_WELCOME) {
+    eng_errf(err, errlen, "watchdog connection to %s refused: %s", b->addr,
+             reply->msg_case == CHORUS__BOOT__ENVELOPE__MSG_ERROR && reply->error->message
+                 ? reply->error->message
+                 : "unexpected answer");
+    chorus__boot__envelope__free_unpacked(reply, NULL);
+    close(fd);
+    return CHORUS_ERR_BOOTSTRAP;
+  }
+  /* the server answered halfway through our round trip, give or take */
+  const Chorus__Boot__WatchWelcome *w = reply->watch_welcome;
+  b->watch_offset_ns = (int64_t)w->t_server_ns - (int64_t)((w->t_client_ns + t1) / 2);
+  chorus__boot__envelope__free_unpacked(reply, NULL);
+  b->watch_fd = fd;
+  return 0;
+}
+
+int boot_watch_connect(boot_t *b, int64_t *offset_ns, char *err, size_t errlen) {
+  if (b->watch_fd < 0) {
+    eng_errf(err, errlen, "%s", b->watch_err[0] ? b->watch_err : "no watchdog connection");
+    return CHORUS_ERR_BOOTSTRAP;
+  }
+  int fd = b->watch_fd;
+  b->watch_fd = -1;
+  *offset_ns = b->watch_offset_ns;
+  return fd;
+}
+
+int boot_send_envelope(int fd, const struct Chorus__Boot__Envelope *env, double timeout_s) {
+  return send_env(fd, env, now_s() + timeout_s);
+}
+
+int boot_recv_envelope(int fd, double timeout_s, struct Chorus__Boot__Envelope **env) {
+  return recv_frame(fd, now_s() + timeout_s, env);
 }
 
 const char *boot_host_of(const boot_t *b, int r) {
@@ -1809,8 +2031,11 @@ void boot_close(boot_t *b) {
     }
     close(b->fd);
   }
+  if (b->watch_fd >= 0)
+    close(b->watch_fd);
   if (b->srv)
     srv_stop(b->srv);
+  free(b->token);
   free(b->hosts);
   free(b);
 }

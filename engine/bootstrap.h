@@ -30,6 +30,8 @@ typedef struct boot_config {
   const char *rendezvous; /* "host:port"; rank 0 listens on port (all interfaces of host) */
   const char *token;      /* job token; "" when none */
   double timeout_s;       /* connect + first round */
+  /* rank 0: the watchdog's judge (watch_srv.h) in the server; tick 0: none */
+  double watch_tick_s, watch_timeout_s, watch_peer_timeout_s;
 } boot_config_t;
 
 /* Host identity of this machine ("hostname/boot_id"). */
@@ -50,6 +52,17 @@ int boot_allgather(boot_t *b, const void *mine, size_t len, void ***out_ptrs, si
 int boot_barrier(boot_t *b, double timeout_s, char *err, size_t errlen);
 /* The client's connection to rank 0 (for a liveness watch), or -1. */
 int boot_fd(const boot_t *b);
+/* The watchdog's own connection to rank 0's server (engine/watch.c):
+ * connects, says WatchHello and reads WatchWelcome. Returns the connected
+ * fd (nonblocking), with *offset_ns = rank 0's clock - ours, or a negative
+ * chorus_result with the reason in err. */
+int boot_watch_connect(boot_t *b, int64_t *offset_ns, char *err, size_t errlen);
+/* One frame of the bootstrap protocol (a Chorus__Boot__Envelope) on fd,
+ * within timeout_s. 0 or -errno (-EPIPE: end of file; -EBADMSG: garbage).
+ * Free a received envelope with chorus__boot__envelope__free_unpacked. */
+struct Chorus__Boot__Envelope;
+int boot_send_envelope(int fd, const struct Chorus__Boot__Envelope *env, double timeout_s);
+int boot_recv_envelope(int fd, double timeout_s, struct Chorus__Boot__Envelope **env);
 /* Close the client (and on rank 0, stop the server after every client left
  * or a grace period passed). */
 void boot_close(boot_t *b);

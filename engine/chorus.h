@@ -124,6 +124,38 @@ CHORUS_API const char *chorus_comm_provider(const chorus_comm_t *comm);
  * per communicator, overwritten by the next failure). Never NULL.
  */
 CHORUS_API const char *chorus_comm_last_error(const chorus_comm_t *comm);
+/*
+ * ---- Failures, hangs and divergence ----
+ * Every call is stamped with a sequence number and a fingerprint (kind,
+ * dtype, count, root, op, algorithm) that its messages carry: a rank whose
+ * call differs fails at the first message with CHORUS_ERR_MISMATCH (other
+ * arguments) or CHORUS_ERR_DIVERGED (another collective), naming both calls
+ * and ranks. A watchdog (rank 0's rendezvous server, fed by every rank's
+ * heartbeats) also catches what no message shows: a rank that skipped a
+ * call or left (DIVERGED), a dead or frozen rank (PEER_LOST, at once for a
+ * dead process, within CHORUS_PEER_TIMEOUT for a frozen one), a call stuck
+ * past CHORUS_TIMEOUT (TIMEOUT, naming the rank the others wait for). Then
+ * the communicator fails as a whole: every pending call returns the code,
+ * with chorus_comm_last_error() naming the culprit, and so does every later
+ * call; chorus_comm_destroy() still releases everything (without waiting
+ * for peers). With CHORUS_TRACE_DIR set, each rank first writes a dump
+ * there, for `chorus-trace DIR`. CHORUS_TRACE=0 turns all of this off.
+ */
+/* Fail comm at once on this rank (any thread, even while another thread
+ * waits in a call on it): every pending and later call returns
+ * CHORUS_ERR_ABORTED; the watchdog passes the failure on to the other
+ * ranks. Destroy the communicator afterwards. */
+CHORUS_API chorus_result chorus_comm_abort(chorus_comm_t *comm);
+/* *error: the failure of comm as a whole (a verdict reached in the
+ * background, an abort), CHORUS_SUCCESS when none; its explanation is
+ * then in chorus_comm_last_error(). */
+CHORUS_API chorus_result chorus_comm_get_async_error(chorus_comm_t *comm, chorus_result *error);
+/* Write this rank's trace dump (checkpoint, pending steps, journal) into
+ * dir (NULL: CHORUS_TRACE_DIR) as one file; rank 0's clock offset makes
+ * the ranks' files comparable. SIGUSR1 does the same for every
+ * communicator with a watchdog when CHORUS_TRACE_DIR is set. */
+CHORUS_API chorus_result chorus_comm_dump(chorus_comm_t *comm, const char *dir);
+
 /* Name of the algorithm the last collective call on comm runs ("ring",
  * "tree", ...; "" before any), for logs and benchmarks. Never NULL. */
 CHORUS_API const char *chorus_comm_last_algorithm(const chorus_comm_t *comm);

@@ -42,6 +42,7 @@
 #include "algos/algos.h"
 #include "comm.h"
 #include "eng.h"
+#include "fsm.h"
 #include "select.h"
 #include "topo.h"
 #include "verify.h"
@@ -797,11 +798,30 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
   if (eng_handle_add(r, ENG_HANDLE_REQUEST))
     goto out_nomem;
   /* nothing can fail from here: the sequence numbers are taken */
+  r->count = count;
   if (coll_p2p(k->coll)) {
     r->seq = c->p2p_seq[2 * k->root + (k->coll == COLL_RECV)]++;
     r->msg_or = EXEC_MSG_P2P;
+    if (c->set.trace)
+      r->fp = fp_make(FP_KIND_P2P, k->dtype, count, -1, CHORUS_SUM, NULL);
   } else {
-    r->seq = c->seq++;
+    r->call_seq = ++c->seq;
+    r->seq = (uint16_t)r->call_seq;
+    if (c->set.trace) {
+      int root = coll_rooted(k->coll) ? k->root : -1;
+      chorus_op op = coll_reduces(k->coll) ? k->op : CHORUS_SUM;
+      r->fp = fp_make(k->coll, k->dtype, count, root, op, d);
+      ckpt_call_t call = {.seq = r->call_seq,
+                          .fp = r->fp,
+                          .count = count,
+                          .root = root,
+                          .kind = (uint8_t)k->coll,
+                          .dtype = (uint8_t)k->dtype,
+                          .op = (uint8_t)op,
+                          .begin_ns = fsm_now_ns()};
+      snprintf(call.algo, sizeof(call.algo), "%s", d->name);
+      ckpt_begin(&c->ckpt, &call);
+    }
   }
   r->next_live = c->live;
   if (c->live)
@@ -833,6 +853,15 @@ static chorus_result coll_issue(chorus_comm_t *comm, const coll_call_t *k, choru
                                 "%s: not a live communicator (NULL or destroyed)", k->fn));
   if (!blocking && !req)
     return group_note(comm_error(comm, CHORUS_ERR_INVALID_ARG, "%s: req is NULL", k->fn));
+  chorus_result failed = (chorus_result)atomic_load(&comm->async_rc);
+  if (failed) {
+    char text[sizeof(comm->async_text)];
+    pthread_mutex_lock(&comm->lock);
+    memcpy(text, comm->async_text, sizeof(text));
+    pthread_mutex_unlock(&comm->lock);
+    return group_note(
+        comm_error(comm, failed, "%s: the communicator failed earlier: %s", k->fn, text));
+  }
   if (tl_group.depth && group_reserve())
     return group_note(comm_error(comm, CHORUS_ERR_NO_MEMORY, "%s: out of memory", k->fn));
   if ((ret = coll_prepare(comm, k, &r)))

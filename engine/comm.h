@@ -10,6 +10,7 @@
 
 #include "algos/algos.h"
 #include "bootstrap.h"
+#include "ckpt.h"
 #include "chorus.h"
 #include "exec.h"
 #include "plan.h"
@@ -48,13 +49,17 @@ struct chorus_request {
   plan_t *plan;
   const void *sendbuf;
   void *recvbuf;
-  void **xbufs;    /* fused allreduce: the user's buffers, plan->nxbufs (owned table) */
-  void *tmp;       /* engine-owned stand-in for a buffer this rank ignores (owned) */
-  uint32_t msg_or; /* or'ed into message numbers: EXEC_MSG_P2P for send/recv */
-  uint16_t seq;    /* tag sequence: the collective's, or the per-peer p2p counter */
-  uint8_t coll;    /* coll_kind, for messages */
-  bool submitted;  /* handed to the progress thread (false while queued in a group) */
-  bool grouped;    /* a blocking call queued in a group: chorus_group_end releases it */
+  void **xbufs;      /* fused allreduce: the user's buffers, plan->nxbufs (owned table) */
+  void *tmp;         /* engine-owned stand-in for a buffer this rank ignores (owned) */
+  uint32_t msg_or;   /* or'ed into message numbers: EXEC_MSG_P2P for send/recv */
+  uint16_t seq;      /* tag sequence: the collective's, or the per-peer p2p counter */
+  uint64_t call_seq; /* the communicator's call number (from 1); 0 for send/recv */
+  uint64_t fp;       /* fingerprint its messages carry (ckpt.h); 0: none */
+  uint64_t count;    /* as called, for messages */
+  chorus_request_t *next_parked; /* failed by the transport, waiting for the verdict */
+  uint8_t coll;                  /* coll_kind, for messages */
+  bool submitted;                /* handed to the progress thread (false while queued in a group) */
+  bool grouped; /* a blocking call queued in a group: chorus_group_end releases it */
   atomic_int done;
   chorus_result result;
   chorus_request_t *next_cmd;              /* command queue link */
@@ -94,8 +99,28 @@ struct chorus_comm {
   chorus_request_t *cmd_head, *cmd_tail;
   char last_error[1024];
 
+  /* Failure of the communicator as a whole (a verdict of the watchdog, a
+   * mismatch, an abort): set once, by any thread; every pending call then
+   * fails with it and every later one at once. async_text under lock. */
+  atomic_int async_rc;
+  atomic_int abort_pending; /* the executor still has to fail its runs */
+  char async_text[1024];
+  ckpt_t ckpt;            /* where each call stands (ckpt.h) */
+  atomic_bool failed_any; /* some call failed: destroy does not wait for peers */
+  /* under prog_lock: runs the transport failed (a peer's endpoint closed)
+   * wait up to COMM_PARK_NS for the watchdog's verdict, which explains
+   * them better (the peer died, diverged...) */
+  chorus_request_t *parked;
+  uint64_t parked_until;
+  struct watch *watch;     /* heartbeat client (watch.c); NULL when none */
+  int64_t clock_offset_ns; /* add to our CLOCK_MONOTONIC: rank 0's clock */
+  /* An injected stall (fault injection, tests): until then the progress
+   * engine does nothing, so the rank looks frozen to its peers. */
+  _Atomic uint64_t stall_until_ns;
+  char stall_why[96];
+
   /* application thread */
-  uint16_t seq;
+  uint64_t seq; /* calls begun (collectives and internal rounds); tags carry its low 16 bits */
   uint64_t uses;
   comm_plan_slot_t plans[COMM_PLAN_CACHE];
   chorus_request_t *live; /* requests not yet released */
@@ -151,6 +176,13 @@ chorus_result comm_allgather(chorus_comm_t *c, const void *mine, size_t len, voi
 chorus_result comm_xport_allgather(chorus_comm_t *c, const void *mine, size_t len, void ***ptrs,
                                    size_t **lens);
 
+/* The communicator fails as a whole (any thread): the first failure wins;
+ * pending runs are failed with rc by the executor, later calls fail at
+ * once, text becomes their message. Returns the code in force. */
+chorus_result comm_fail(chorus_comm_t *c, chorus_result rc, const char *text);
+/* Freezes c's progress engine for `seconds` (fault injection; any thread). */
+void comm_stall(chorus_comm_t *c, double seconds, const char *why);
+
 /* Hands a request to the progress thread (comm.c). */
 void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake);
 
@@ -179,6 +211,9 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
 
 /* Requests (request.c). */
 void request_complete(chorus_request_t *req, chorus_result rc);
+/* Same, with the failure's explanation (NULL: the communicator's own
+ * failure if it is the cause, else a generic line). */
+void request_complete_text(chorus_request_t *req, chorus_result rc, const char *why);
 void request_release(chorus_request_t *req);
 /* Blocks until req is done: spins for CHORUS_SPIN_US, then sleeps. */
 void request_wait_done(chorus_request_t *req);

@@ -11,8 +11,11 @@
  *    a buffer the application already owns again.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "ckpt.h"
 
 #include "eng.h"
 #include "exec.h"
@@ -33,6 +36,8 @@ typedef struct exec_step {
   bool borrowable;      /* RECV: posted with PROV_OP_BORROW */
   uint32_t borrow_left; /* RECV: consumers still to run before release */
   uint32_t borrow_from; /* consumer: the RECV it reads, or UINT32_MAX */
+  uint8_t kind;         /* plan step kind (an orphaned run may not read its plan) */
+  uint64_t since_ns;    /* when it entered its state (ctx->trace only) */
 } exec_step_t;
 
 struct exec {
@@ -50,9 +55,13 @@ struct exec {
   uint32_t *q_local, *q_send, *q_recv;
   uint32_t ql_head, ql_tail, qs_head, qs_tail, qr_head, qr_tail;
   uint32_t ndone, nfailed;
-  uint32_t nposted; /* ops currently held by the provider */
-  int status;       /* first error, 0 while fine */
-  bool canceling;   /* exec_cancel() ran after the first error */
+  uint32_t nposted;      /* ops currently held by the provider */
+  int status;            /* first error, 0 while fine */
+  bool canceling;        /* exec_cancel() ran after the first error */
+  bool orphan;           /* failed, completed for its caller, waits for the transport */
+  uint64_t fail_ns;      /* when canceling began */
+  uint64_t call_seq, fp; /* exec_set_call */
+  char *why;             /* the mismatch a receive found (malloc'd), or NULL */
   exec_done_fn done;
   void *arg;
   exec_t *next;
@@ -100,8 +109,14 @@ static void a_dep(fsm_inst_t *i, const fsm_event_t *ev) {
   step_of(i)->deps_left--;
 }
 
+static void stamp(exec_step_t *st) {
+  if (st->ex->ctx->trace)
+    st->since_ns = fsm_now_ns();
+}
+
 static void a_dep_ready(fsm_inst_t *i, const fsm_event_t *ev) {
   step_of(i)->deps_left--;
+  stamp(step_of(i));
   enqueue_ready(step_of(i));
 }
 
@@ -157,6 +172,7 @@ static void a_run(fsm_inst_t *i, const fsm_event_t *ev) {
 
 static void a_complete(fsm_inst_t *i, const fsm_event_t *ev) {
   exec_step_t *st = step_of(i);
+  stamp(st);
   st->ex->ndone++;
   notify_successors(st);
 }
@@ -197,18 +213,60 @@ fsm_machine_t exec_step_machine = {
     .nrows = sizeof(step_rows) / sizeof(step_rows[0]),
 };
 
+/* A received message stamped by another call than ours: the peer's call
+ * differs (another collective: diverged; other arguments: mismatch). */
+static int fp_mismatch(exec_t *ex, const plan_step_t *ps, uint64_t theirs, size_t len) {
+  char mine[96], other[96], buf[512];
+  bool diverged = fp_kind(theirs) != fp_kind(ex->fp);
+
+  fp_format(ex->fp, mine, sizeof(mine));
+  fp_format(theirs, other, sizeof(other));
+  if (ex->call_seq)
+    snprintf(buf, sizeof(buf),
+             "collective #%llu: rank %d called %s but rank %d called %s (its message of %zu "
+             "bytes carries that call's fingerprint)",
+             (unsigned long long)ex->call_seq, ex->ctx->rank, mine, ps->peer, other, len);
+  else
+    snprintf(buf, sizeof(buf),
+             "rank %d called %s but rank %d called %s (its message of %zu bytes carries that "
+             "call's fingerprint)",
+             ex->ctx->rank, mine, ps->peer, other, len);
+  if (!ex->why)
+    ex->why = strdup(buf);
+  eng_log(ENG_ERR, ex->ctx->rank, "exec", "%s", buf);
+  return diverged ? CHORUS_ERR_DIVERGED : CHORUS_ERR_MISMATCH;
+}
+
 static void step_done(prov_op_t *op, int status, size_t len) {
   exec_step_t *st = (exec_step_t *)((char *)op - offsetof(exec_step_t, op));
   exec_t *ex = st->ex;
-  const plan_step_t *ps = &ex->plan->steps[st->index];
   fsm_event_t ev = {.sig = E_COMPLETE};
 
   ex->nposted--;
-  if (ps->kind == STEP_SEND)
+  if (st->kind == STEP_SEND)
     ex->ctx->posted_sends--;
   else
     ex->ctx->posted_recvs--;
-  if (status == -ECANCELED) {
+  if (ex->orphan) /* its plan may be gone: only the count matters */
+    return;
+  const plan_step_t *ps = &ex->plan->steps[st->index];
+  uint64_t theirs = op->data & ~PROV_DATA_VALID;
+  if (ps->kind == STEP_RECV && ex->fp && (op->data & PROV_DATA_VALID) && theirs &&
+      theirs != ex->fp && (status == 0 || status == -EMSGSIZE)) {
+    ev.sig = E_ERROR;
+    ev.arg = fp_mismatch(ex, ps, theirs, len);
+  } else if (status == -EMSGSIZE) {
+    ev.sig = E_ERROR;
+    ev.arg = CHORUS_ERR_MISMATCH;
+    char buf[256];
+    snprintf(buf, sizeof(buf),
+             "collective #%llu: a message from rank %d is longer than the %zu bytes this rank "
+             "expects: that rank's call differs (count, dtype or collective)",
+             (unsigned long long)ex->call_seq, ps->peer, ps->bytes);
+    if (!ex->why)
+      ex->why = strdup(buf);
+    eng_log(ENG_ERR, ex->ctx->rank, "exec", "%s", buf);
+  } else if (status == -ECANCELED) {
     ev.sig = E_CANCEL;
     ev.arg = ex->status ? ex->status : CHORUS_ERR_ABORTED;
   } else if (status) {
@@ -219,8 +277,14 @@ static void step_done(prov_op_t *op, int status, size_t len) {
   } else if (ps->kind == STEP_RECV && len != ps->bytes) {
     ev.sig = E_ERROR;
     ev.arg = CHORUS_ERR_MISMATCH;
-    eng_log(ENG_ERR, ex->ctx->rank, "exec", "RECV step %u from rank %d got %zu bytes, expected %zu",
-            st->index, ps->peer, len, ps->bytes);
+    char buf[256];
+    snprintf(buf, sizeof(buf),
+             "collective #%llu: rank %d sent %zu bytes where this rank expects %zu: its call "
+             "differs (count, dtype or collective)",
+             (unsigned long long)ex->call_seq, ps->peer, len, ps->bytes);
+    if (!ex->why)
+      ex->why = strdup(buf);
+    eng_log(ENG_ERR, ex->ctx->rank, "exec", "%s", buf);
   }
   fsm_dispatch(&st->fsm, &ev);
 }
@@ -308,6 +372,7 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
     st->index = i;
     st->ex = ex;
     st->borrow_from = UINT32_MAX;
+    st->kind = plan->steps[i].kind;
   }
   find_borrowable(ex);
   return ex;
@@ -329,6 +394,7 @@ static void exec_release(exec_t *ex) {
   if (ex->scratch_lent)
     ex->ctx->scratch_lent = false;
   free(ex->own_scratch);
+  free(ex->why);
   free(ex->steps);
   free(ex->q_local);
   free(ex);
@@ -339,9 +405,20 @@ void exec_set_extra(exec_t *ex, void *const *xbufs, uint32_t msg_or) {
   ex->msg_or = msg_or;
 }
 
+void exec_set_call(exec_t *ex, uint64_t call_seq, uint64_t fp) {
+  ex->call_seq = call_seq;
+  ex->fp = fp & ~PROV_DATA_VALID;
+}
+
+const char *exec_why(const exec_t *ex) {
+  return ex->why;
+}
+
 void exec_start(exec_ctx_t *ctx, exec_t *ex) {
+  uint64_t now = ctx->trace ? fsm_now_ns() : 0;
   for (uint32_t i = 0; i < ex->plan->nsteps; i++) {
     exec_step_t *st = &ex->steps[i];
+    st->since_ns = now;
     if (st->deps_left == 0) {
       /* no dependency: WAIT -> READY directly, journaled like any other */
       st->deps_left = 1;
@@ -361,17 +438,19 @@ static int post_step(exec_ctx_t *ctx, exec_t *ex, uint32_t idx) {
   exec_step_t *st = &ex->steps[idx];
   int rc;
 
-  if (ps->kind == STEP_SEND)
+  if (ps->kind == STEP_SEND) {
+    st->op.data = ex->fp;
     rc = ctx->prov->ops->post_send(ctx->prov, ps->peer, at(ex, ps->src), ps->bytes,
                                    exec_tag(ctx->rank, ctx->comm_id, ex->seq, ps->msg | ex->msg_or),
                                    &st->op);
-  else {
+  } else {
     st->op.flags = st->borrowable ? PROV_OP_BORROW : 0;
     rc = ctx->prov->ops->post_recv(ctx->prov, ps->peer, at(ex, ps->dst), ps->bytes,
                                    exec_tag(ps->peer, ctx->comm_id, ex->seq, ps->msg | ex->msg_or),
                                    &st->op);
   }
   if (rc == 0) {
+    stamp(st);
     ex->nposted++;
     if (ps->kind == STEP_SEND)
       ctx->posted_sends++;
@@ -443,14 +522,15 @@ size_t exec_drive(exec_ctx_t *ctx) {
   ctx->stalled = false;
   while (ex) {
     exec_t *next = ex->next;
-    moved += drive_one(ctx, ex);
+    if (!ex->orphan)
+      moved += drive_one(ctx, ex);
     if (ex->status && !ex->canceling) {
       ex->canceling = true;
+      ex->fail_ns = fsm_now_ns();
       exec_cancel(ctx, ex);
     }
-    bool finished =
-        ex->nposted == 0 && (ex->ndone == ex->plan->nsteps ||
-                             (ex->status && ex->ndone + ex->nfailed == ex->plan->nsteps));
+    bool finished = ex->nposted == 0 && (ex->orphan || ex->ndone == ex->nsteps ||
+                                         (ex->status && ex->ndone + ex->nfailed == ex->nsteps));
     if (finished) {
       if (prev)
         prev->next = next;
@@ -458,9 +538,22 @@ size_t exec_drive(exec_ctx_t *ctx) {
         ctx->active = next;
       if (ctx->active_tail == ex)
         ctx->active_tail = prev;
-      ex->done(ex, ex->status, ex->arg);
+      if (!ex->orphan)
+        ex->done(ex, ex->status, ex->arg);
       exec_release(ex);
       moved++;
+    } else if (ex->status && !ex->orphan && fsm_now_ns() - ex->fail_ns > EXEC_ORPHAN_NS) {
+      /* Some transports can not cancel a send a peer never takes (tcp's
+       * rendezvous): the caller gets its failure now; the run stays until
+       * the transport gives the operations back (or is closed). */
+      eng_log(ENG_WARN, ctx->rank, "exec",
+              "collective #%llu failed; %u operations the transport could not cancel are left "
+              "to it",
+              (unsigned long long)ex->call_seq, ex->nposted);
+      ex->done(ex, ex->status, ex->arg);
+      ex->orphan = true;
+      moved++;
+      prev = ex;
     } else {
       prev = ex;
     }
@@ -475,9 +568,70 @@ void exec_fail_all(exec_ctx_t *ctx, int status) {
       ex->status = status;
     if (!ex->canceling) {
       ex->canceling = true;
+      ex->fail_ns = fsm_now_ns();
       exec_cancel(ctx, ex);
     }
   }
+}
+
+size_t exec_pending(const exec_ctx_t *ctx, exec_pending_t *out, size_t max) {
+  size_t n = 0;
+  for (const exec_t *ex = ctx->active; ex; ex = ex->next) {
+    if (ex->orphan)
+      continue;
+    for (uint32_t i = 0; i < ex->nsteps; i++) {
+      const exec_step_t *st = &ex->steps[i];
+      if (st->fsm.state == S_DONE)
+        continue;
+      if (n == max)
+        return n;
+      const plan_step_t *ps = &ex->plan->steps[i];
+      out[n++] = (exec_pending_t){.call_seq = ex->call_seq,
+                                  .seq16 = ex->seq,
+                                  .p2p = (ex->msg_or & EXEC_MSG_P2P) != 0,
+                                  .index = i,
+                                  .kind = ps->kind,
+                                  .state = st->fsm.state,
+                                  .peer = ps->peer,
+                                  .msg = ps->msg,
+                                  .bytes = ps->bytes,
+                                  .since_ns = st->since_ns,
+                                  .deps_left = st->fsm.state == S_WAIT ? st->deps_left : 0};
+    }
+  }
+  return n;
+}
+
+bool exec_blocker(const exec_ctx_t *ctx, exec_pending_t *out) {
+  /* the oldest run's oldest posted receive, else its oldest posted send */
+  for (const exec_t *ex = ctx->active; ex; ex = ex->next) {
+    if (ex->orphan || ex->status)
+      continue;
+    const exec_step_t *best = NULL;
+    for (int pass = 0; pass < 2 && !best; pass++)
+      for (uint32_t i = 0; i < ex->nsteps; i++) {
+        const exec_step_t *st = &ex->steps[i];
+        if (st->fsm.state != S_POSTED || st->kind != (pass ? STEP_SEND : STEP_RECV))
+          continue;
+        if (!best || st->since_ns < best->since_ns)
+          best = st;
+      }
+    if (!best)
+      continue;
+    const plan_step_t *ps = &ex->plan->steps[best->index];
+    *out = (exec_pending_t){.call_seq = ex->call_seq,
+                            .seq16 = ex->seq,
+                            .p2p = (ex->msg_or & EXEC_MSG_P2P) != 0,
+                            .index = best->index,
+                            .kind = ps->kind,
+                            .state = S_POSTED,
+                            .peer = ps->peer,
+                            .msg = ps->msg,
+                            .bytes = ps->bytes,
+                            .since_ns = best->since_ns};
+    return true;
+  }
+  return false;
 }
 
 bool exec_idle(const exec_ctx_t *ctx) {
@@ -485,6 +639,15 @@ bool exec_idle(const exec_ctx_t *ctx) {
 }
 
 void exec_ctx_fini(exec_ctx_t *ctx) {
+  /* runs left behind (orphans, after the transport closed): free them */
+  while (ctx->active) {
+    exec_t *ex = ctx->active;
+    ctx->active = ex->next;
+    for (uint32_t i = 0; i < ex->nsteps; i++)
+      ex->steps[i].op.borrowed = NULL; /* the transport is gone */
+    exec_release(ex);
+  }
+  ctx->active_tail = NULL;
   free(ctx->scratch);
   ctx->scratch = NULL;
   ctx->scratch_bytes = 0;

@@ -31,6 +31,7 @@ typedef struct exec_ctx {
   size_t max_posted; /* per direction */
   size_t posted_sends, posted_recvs;
   bool stalled;   /* the last drive met -EAGAIN: retry on a timer, not on the fd */
+  bool trace;     /* time-stamp steps (CHORUS_TRACE) for dumps and the watchdog */
   exec_t *active; /* running plans, oldest first */
   exec_t *active_tail;
   void *scratch;       /* cached scratch buffer, lent to one plan at a time */
@@ -51,6 +52,17 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
  * traffic sets EXEC_MSG_P2P). */
 #define EXEC_MSG_P2P (1u << 23)
 void exec_set_extra(exec_t *ex, void *const *xbufs, uint32_t msg_or);
+/* Before exec_start: the call's number (checkpoint, messages) and the
+ * fingerprint its sends carry and its receives check (0: none). A receive
+ * stamped otherwise fails the run with CHORUS_ERR_MISMATCH (same
+ * collective, other arguments) or CHORUS_ERR_DIVERGED (another
+ * collective); exec_why() then explains it (valid until the run is freed,
+ * i.e. inside the done callback). */
+void exec_set_call(exec_t *ex, uint64_t call_seq, uint64_t fp);
+const char *exec_why(const exec_t *ex);
+/* A failed run whose operations the transport does not give back within
+ * this long completes for its caller and is kept until they come back. */
+#define EXEC_ORPHAN_NS (2000ull * 1000 * 1000)
 /* Starts it (progress thread): makes initial steps ready. */
 void exec_start(exec_ctx_t *ctx, exec_t *ex);
 /* Drives every active run: runs ready local steps, posts ready sends and
@@ -59,6 +71,25 @@ void exec_start(exec_ctx_t *ctx, exec_t *ex);
 size_t exec_drive(exec_ctx_t *ctx);
 /* Fails every active run with `status` (cancels what is posted). */
 void exec_fail_all(exec_ctx_t *ctx, int status);
+/* Steps not done of the running plans (progress thread, or prog_lock):
+ * what a dump shows. Returns how many were written (at most max). */
+typedef struct exec_pending {
+  uint64_t call_seq;
+  uint16_t seq16;
+  bool p2p;
+  uint32_t index;
+  int kind;  /* plan_step_kind */
+  int state; /* the step machine's: 0 WAIT, 1 READY, 2 POSTED, 3 DONE, 4 FAILED */
+  int peer;
+  uint32_t msg;
+  size_t bytes;
+  uint64_t since_ns;
+  uint32_t deps_left;
+} exec_pending_t;
+size_t exec_pending(const exec_ctx_t *ctx, exec_pending_t *out, size_t max);
+/* What the oldest healthy run waits for: its oldest posted receive, else
+ * its oldest posted send. False when nothing is posted. */
+bool exec_blocker(const exec_ctx_t *ctx, exec_pending_t *out);
 /* True when nothing is running. */
 bool exec_idle(const exec_ctx_t *ctx);
 void exec_ctx_fini(exec_ctx_t *ctx);

@@ -10,17 +10,43 @@
  */
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "comm.h"
 #include "eng.h"
 #include "fsm.h"
 
 void request_complete(chorus_request_t *req, chorus_result rc) {
-  chorus_comm_t *c = req->comm;
+  request_complete_text(req, rc, NULL);
+}
 
+void request_complete_text(chorus_request_t *req, chorus_result rc, const char *why) {
+  chorus_comm_t *c = req->comm;
+  char text[sizeof(c->async_text)];
+
+  if (req->call_seq)
+    ckpt_end(&c->ckpt, req->call_seq, rc);
   if (rc)
-    comm_error(c, rc, "%s #%u (%s, %zu elements) failed: %s", coll_kind_str(req->coll), req->seq,
-               chorus_dtype_name(req->plan->dtype), req->plan->count, chorus_strerror(rc));
+    atomic_store(&c->failed_any, true);
+  if (rc && !why) {
+    /* the communicator's failure explains its calls' */
+    pthread_mutex_lock(&c->lock);
+    if (rc == (chorus_result)atomic_load(&c->async_rc) && c->async_text[0]) {
+      memcpy(text, c->async_text, sizeof(text));
+      why = text;
+    }
+    pthread_mutex_unlock(&c->lock);
+  }
+  if (rc && why)
+    comm_error(c, rc, "%s", why);
+  else if (rc && req->call_seq)
+    comm_error(c, rc, "%s #%llu (%s, %llu elements) failed: %s", coll_kind_str(req->coll),
+               (unsigned long long)req->call_seq, chorus_dtype_name(req->plan->dtype),
+               (unsigned long long)req->count, chorus_strerror(rc));
+  else if (rc)
+    comm_error(c, rc, "%s (%s, %llu elements) failed: %s", coll_kind_str(req->coll),
+               chorus_dtype_name(req->plan->dtype), (unsigned long long)req->count,
+               chorus_strerror(rc));
   pthread_mutex_lock(&c->lock);
   req->result = rc;
   atomic_store_explicit(&req->done, 1, memory_order_release);

@@ -116,6 +116,26 @@ static const struct setting settings_table[] = {
      "emulate hosts on one machine, e.g. hosts=4x2 (4 hosts of 2 ranks; traffic between them "
      "goes over the network provider); empty = the real hosts",
      FIELD(topo), 0, 0},
+    {"CHORUS_TRACE", SET_BOOL, "1",
+     "call fingerprints on every message (a mismatched call fails at its first message), "
+     "checkpoints and the watchdog that catches divergence, lost and stalled ranks; 0 = off",
+     FIELD(trace), 0, 1},
+    {"CHORUS_TIMEOUT", SET_SECONDS, "600",
+     "seconds a collective may wait before the watchdog fails it on every rank, naming the "
+     "rank it waits for",
+     FIELD(timeout_s), 0.1, 30 * 86400.0},
+    {"CHORUS_PEER_TIMEOUT", SET_SECONDS, "30",
+     "seconds without a heartbeat from a rank (frozen, unreachable) before every rank fails "
+     "with CHORUS_ERR_PEER_LOST; a rank whose process ends is reported at once",
+     FIELD(peer_timeout_s), 0.1, 30 * 86400.0},
+    {"CHORUS_WATCHDOG_MS", SET_INT, "1000",
+     "milliseconds between heartbeats (checkpoint summaries) to rank 0's watchdog",
+     FIELD(watchdog_ms), 10, 600000},
+    {"CHORUS_TRACE_DIR", SET_STRING, "",
+     "directory for trace dumps (one file per rank, read with chorus-trace) written on a "
+     "timeout, divergence, lost peer, abort, SIGUSR1, a fatal signal or chorus_comm_dump(); "
+     "empty = no dumps",
+     FIELD(trace_dir), 0, 0},
 
     {"CHORUS_RANK", SET_LAUNCH, NULL, "this process's rank (chorus-run or by hand)", LAUNCH},
     {"CHORUS_WORLD_SIZE", SET_LAUNCH, NULL, "number of ranks in the job", LAUNCH},

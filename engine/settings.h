@@ -32,6 +32,11 @@ typedef struct chorus_settings {
   bool verify;              /* CHORUS_VERIFY: check compiled schedules */
   bool deterministic;       /* CHORUS_DETERMINISTIC: reduction order fixed by (nranks, count) */
   char topo[256];           /* CHORUS_TOPO: "" = real hosts, "hosts=HxR" emulates (topo.c) */
+  bool trace;               /* CHORUS_TRACE: fingerprints, checkpoints and the watchdog */
+  double timeout_s;         /* CHORUS_TIMEOUT: a collective stuck this long fails everywhere */
+  double peer_timeout_s;    /* CHORUS_PEER_TIMEOUT: a rank silent this long is lost */
+  int watchdog_ms;          /* CHORUS_WATCHDOG_MS: heartbeat and check period */
+  char trace_dir[512];      /* CHORUS_TRACE_DIR: where dumps go; "" = none */
 } chorus_settings_t;
 
 /* Read and validate the whole table from the environment.

@@ -24,10 +24,12 @@
  */
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm.h"
+#include "fsm.h"
 #include "eng.h"
 #include "topo.h"
 
@@ -90,7 +92,18 @@ static chorus_result ctl_round(chorus_comm_t *c, const void *mine, void *all) {
   r->sendbuf = mine;
   r->recvbuf = all;
   r->coll = COLL_ALLGATHER;
-  r->seq = c->seq++;
+  r->call_seq = ++c->seq;
+  r->seq = (uint16_t)r->call_seq;
+  if (c->set.trace) {
+    ckpt_call_t call = {.seq = r->call_seq,
+                        .root = -1,
+                        .kind = COLL_ALLGATHER,
+                        .dtype = CHORUS_UINT8,
+                        .count = (uint64_t)c->size * CTL_BLOCK,
+                        .begin_ns = fsm_now_ns()};
+    snprintf(call.algo, sizeof(call.algo), "split");
+    ckpt_begin(&c->ckpt, &call);
+  }
   comm_submit(c, r, true);
   request_wait_done(r);
   chorus_result ret = r->result;

@@ -113,6 +113,10 @@ typedef struct prov_ops {
   /* Ends a borrowed receive (op->borrowed != NULL): the sender may go on.
    * NULL for providers that never borrow. */
   void (*release)(prov_t *p, prov_op_t *op);
+  /* Removes what peers whose process has ended left behind on this host
+   * (shm: their region in /dev/shm, which a killed process can not
+   * unlink). Returns how many were removed. NULL: nothing to do. */
+  int (*reap)(prov_t *p);
 } prov_ops_t;
 
 struct prov {

@@ -441,6 +441,15 @@ static int multi_cancel(prov_t *p, prov_op_t *op) {
   return c->ops->cancel(c, op);
 }
 
+static int multi_reap(prov_t *p) {
+  struct multi_ep *m = to_multi(p);
+  int n = 0;
+  for (int i = 0; i < 2; i++)
+    if (m->child[i].p && m->child[i].p->ops->reap)
+      n += m->child[i].p->ops->reap(m->child[i].p);
+  return n;
+}
+
 static void multi_release(prov_t *p, prov_op_t *op) {
   struct multi_ep *m = to_multi(p);
   int i = multi_owner(m, op);
@@ -559,4 +568,5 @@ const prov_ops_t prov_multi_ops = {
     .max_posted = multi_max_posted,
     .close = multi_close,
     .release = multi_release,
+    .reap = multi_reap,
 };

@@ -61,6 +61,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -178,6 +179,8 @@ struct ofi_db_page {
 
 struct ofi_db_peer {
   struct ofi_db_page *page; /* NULL: ring this peer on every occasion */
+  int32_t pid;
+  char region[96]; /* its shm region's name (chorus://NAME), "" if not ours */
   size_t page_len;
   bool sar; /* no CMA to this peer: large messages go by segments */
   struct sockaddr_un sa;
@@ -779,6 +782,24 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
   } else
     o->wait = OFI_WAIT_CQ_FD;
 
+  if (o->wait == OFI_WAIT_DOORBELL && o->info->addr_format == FI_ADDR_STR) {
+    /* shm names its region after its address, by default the pid: a
+     * process killed before it could unlink it leaves the name taken for
+     * the next process that gets the pid (EBUSY). Ours are unique. */
+    struct timespec ts;
+    char name[96];
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t nonce = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^
+                     ((uint64_t)(uintptr_t)o << 7) ^ ((uint64_t)o->pid << 40);
+    snprintf(name, sizeof(name), "chorus://chorus-%d-%d-%016llx", (int)o->pid, cfg->rank,
+             (unsigned long long)nonce);
+    char *dup = strdup(name);
+    if (dup) {
+      free(o->info->src_addr);
+      o->info->src_addr = dup;
+      o->info->src_addrlen = strlen(dup) + 1;
+    }
+  }
   rc = fi_fabric(o->info->fabric_attr, &o->fabric, NULL);
   if (rc) {
     prov_errf(errbuf, errlen, "ofi %s: fi_fabric: %s", o->prov_name, fi_strerror(-rc));
@@ -927,6 +948,14 @@ static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens
       memcpy(d->sa.sun_path, pa.name, pa.name_len);
       d->salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + pa.name_len);
       db_peer_attach(d, pa.pid, pa.memfd, pa.nonce);
+      d->pid = pa.pid;
+      if (pa.fab_len > 9 && pa.fab_len < sizeof(d->region) + 9 &&
+          memcmp(pa.fab, "chorus://", 9) == 0) {
+        memcpy(d->region, pa.fab + 9, pa.fab_len - 9);
+        d->region[pa.fab_len - 9] = '\0';
+        if (strchr(d->region, '/'))
+          d->region[0] = '\0';
+      }
       d->sar = no_cma || !db_cma_works(pa.pid, pa.va, pa.nonce);
     }
   }
@@ -1246,6 +1275,43 @@ int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out) {
     return -EINVAL;
   *out = to_ofi(p)->rndv_stats;
   return 0;
+}
+
+/* A process that is gone, or a zombie nobody reaped yet. */
+static bool pid_dead(int32_t pid) {
+  char path[64], buf[256];
+  if (pid <= 0)
+    return false;
+  if (kill(pid, 0) && errno == ESRCH)
+    return true;
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT;
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0)
+    return false;
+  buf[n] = '\0';
+  const char *rp = strrchr(buf, ')');
+  return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+static int ofi_reap(prov_t *p) {
+  struct ofi_ep *o = to_ofi(p);
+  char path[128];
+  int n = 0;
+
+  for (int i = 0; o->db_peers && i < o->nranks; i++) {
+    struct ofi_db_peer *d = &o->db_peers[i];
+    if (i == o->rank || !d->region[0] || !pid_dead(d->pid))
+      continue;
+    snprintf(path, sizeof(path), "/dev/shm/%s", d->region);
+    if (unlink(path) == 0)
+      n++;
+    d->region[0] = '\0';
+  }
+  return n;
 }
 
 static void ofi_release(prov_t *p, prov_op_t *op) {
@@ -1665,4 +1731,5 @@ const prov_ops_t prov_ofi_ops = {
     .max_posted = ofi_max_posted,
     .close = ofi_close,
     .release = ofi_release,
+    .reap = ofi_reap,
 };

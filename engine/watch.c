@@ -1,0 +1,477 @@
+/*
+ * watch.c - the watchdog client (watch.h).
+ *
+ * Threads: the watchdog thread owns its connection. Others talk to it
+ * through `req` bits and an eventfd: stop, a local failure to report, a
+ * dump to write. The signal handlers only write to the eventfds of the
+ * registered watchdogs (async-signal-safe).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap.pb-c.h"
+#include "comm.h"
+#include "eng.h"
+#include "fsm.h"
+#include "trace.pb-c.h"
+#include "watch.h"
+
+enum { REQ_STOP = 1, REQ_FAIL = 2, REQ_DUMP = 4, REQ_FATAL = 8 };
+
+#define WATCH_LOCAL_GRACE_S 5.0 /* past the timeout, decide alone */
+#define WATCH_MAX 64            /* watchdogs a signal reaches */
+
+struct watch {
+  chorus_comm_t *c;
+  pthread_t thread;
+  int fd;  /* connection to the judge; -1 once gone */
+  int efd; /* eventfd: req changed */
+  atomic_int req;
+  atomic_bool applied; /* a verdict (or our own decision) was applied */
+  bool dumped;         /* a dump of the communicator's failure was written */
+  char where[192];
+  int waits_for;
+};
+
+/* ---- signals ---- */
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static watch_t *g_watch[WATCH_MAX];
+static int g_efd[WATCH_MAX]; /* read by the handlers: -1 or 0 for a free slot */
+static atomic_int g_fatal_pending;
+static bool g_handlers;
+static struct sigaction g_old_usr1;
+
+static void sig_poke(int bit) {
+  for (int i = 0; i < WATCH_MAX; i++) {
+    int fd = __atomic_load_n(&g_efd[i], __ATOMIC_ACQUIRE);
+    if (fd > 0 && g_watch[i]) {
+      uint64_t one = 1;
+      atomic_fetch_or(&g_watch[i]->req, bit);
+      if (bit == REQ_FATAL)
+        atomic_fetch_add(&g_fatal_pending, 1);
+      if (write(fd, &one, sizeof(one)) < 0) {
+        /* nothing to do in a handler */
+      }
+    }
+  }
+}
+
+static void on_usr1(int sig) {
+  (void)sig;
+  int saved = errno;
+  sig_poke(REQ_DUMP);
+  errno = saved;
+}
+
+static void on_fatal(int sig) {
+  /* the watchdog threads write the dumps; give them two seconds */
+  sig_poke(REQ_FATAL);
+  for (int i = 0; i < 200 && atomic_load(&g_fatal_pending) > 0; i++) {
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void install_handlers(void) {
+  if (g_handlers)
+    return;
+  g_handlers = true;
+  struct sigaction sa, old;
+  memset(&sa, 0, sizeof(sa));
+  sigemptyset(&sa.sa_mask);
+  sa.sa_handler = on_usr1;
+  sa.sa_flags = SA_RESTART;
+  /* SIGUSR1 only when the application left it alone */
+  if (sigaction(SIGUSR1, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+      !(old.sa_flags & SA_SIGINFO)) {
+    sigaction(SIGUSR1, &sa, &g_old_usr1);
+  }
+  const char *fatal_env = getenv("CHORUS_DUMP_ON_FATAL");
+  if (fatal_env && strcmp(fatal_env, "0") == 0)
+    return;
+  static const int fatal[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+  sa.sa_handler = on_fatal;
+  sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+  for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++)
+    if (sigaction(fatal[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+        !(old.sa_flags & SA_SIGINFO))
+      sigaction(fatal[i], &sa, NULL);
+}
+
+static void registry_add(watch_t *w) {
+  pthread_mutex_lock(&g_lock);
+  for (int i = 0; i < WATCH_MAX; i++)
+    if (!g_watch[i]) {
+      g_watch[i] = w;
+      __atomic_store_n(&g_efd[i], w->efd, __ATOMIC_RELEASE);
+      break;
+    }
+  if (w->c->set.trace_dir[0])
+    install_handlers();
+  pthread_mutex_unlock(&g_lock);
+}
+
+static void registry_remove(watch_t *w) {
+  pthread_mutex_lock(&g_lock);
+  for (int i = 0; i < WATCH_MAX; i++)
+    if (g_watch[i] == w) {
+      __atomic_store_n(&g_efd[i], 0, __ATOMIC_RELEASE);
+      g_watch[i] = NULL;
+    }
+  pthread_mutex_unlock(&g_lock);
+}
+
+/* ---- heartbeats ---- */
+
+static void fmt_bytes(char *buf, size_t len, size_t b) {
+  if (b >= (1u << 20) && b % (1u << 20) == 0)
+    snprintf(buf, len, "%zu MiB", b >> 20);
+  else if (b >= 1024 && b % 1024 == 0)
+    snprintf(buf, len, "%zu KiB", b >> 10);
+  else
+    snprintf(buf, len, "%zu bytes", b);
+}
+
+/* What the oldest open call waits on, when the executor can be read. */
+static void read_blocker(watch_t *w) {
+  chorus_comm_t *c = w->c;
+  if (pthread_mutex_trylock(&c->prog_lock))
+    return; /* busy, i.e. not stuck: keep the last answer */
+  exec_pending_t pe;
+  bool got = exec_blocker(&c->ex, &pe);
+  pthread_mutex_unlock(&c->prog_lock);
+  if (!got) {
+    w->where[0] = '\0';
+    w->waits_for = -1;
+    return;
+  }
+  char b[32];
+  fmt_bytes(b, sizeof(b), pe.bytes);
+  double age = pe.since_ns ? (double)(fsm_now_ns() - pe.since_ns) / 1e9 : 0;
+  snprintf(w->where, sizeof(w->where), "%s msg %u %s rank %d (%s), posted %.1f s ago",
+           pe.kind == STEP_RECV ? "RECV" : "SEND", pe.msg, pe.kind == STEP_RECV ? "from" : "to",
+           pe.peer, b, age);
+  w->waits_for = pe.peer;
+}
+
+static int send_beat(watch_t *w, bool reply) {
+  chorus_comm_t *c = w->c;
+  ckpt_call_t calls[CKPT_RECENT];
+  Chorus__Boot__WatchCall wc[CKPT_RECENT], *pwc[CKPT_RECENT];
+  uint64_t now = fsm_now_ns(), wait_ms = 0;
+  size_t n = ckpt_recent(&c->ckpt, calls, CKPT_RECENT);
+  char failure[sizeof(c->async_text)];
+
+  if (w->fd < 0)
+    return -EPIPE;
+  for (size_t i = 0; i < n; i++) {
+    Chorus__Boot__WatchCall *o = &wc[i];
+    chorus__boot__watch_call__init(o);
+    o->seq = calls[i].seq;
+    o->fp = calls[i].fp;
+    o->kind = calls[i].kind + 1u;
+    o->dtype = calls[i].dtype + 1u;
+    o->count = calls[i].count;
+    o->root = calls[i].root;
+    o->op = calls[i].op + 1u;
+    o->algo = calls[i].algo;
+    o->done = calls[i].end_ns != 0;
+    o->age_ms = (now - calls[i].begin_ns) / 1000000;
+    o->status = calls[i].status;
+    if (!o->done && !wait_ms)
+      wait_ms = o->age_ms ? o->age_ms : 1;
+    pwc[i] = o;
+  }
+  read_blocker(w);
+  Chorus__Boot__Beat b = CHORUS__BOOT__BEAT__INIT;
+  pthread_mutex_lock(&c->ckpt.lock);
+  b.last_begun = c->ckpt.last_begun;
+  b.last_finished = c->ckpt.last_finished;
+  pthread_mutex_unlock(&c->ckpt.lock);
+  b.n_calls = n;
+  b.calls = pwc;
+  b.wait_ms = wait_ms;
+  uint64_t pn = atomic_load(&c->ckpt.progress_ns);
+  b.quiet_ms = pn && now > pn ? (now - pn) / 1000000 : 0;
+  b.waits_for = wait_ms ? w->waits_for : -1;
+  b.where = wait_ms ? w->where : "";
+  b.destroying = atomic_load(&c->ckpt.destroying);
+  b.failed = atomic_load(&c->async_rc);
+  pthread_mutex_lock(&c->lock);
+  memcpy(failure, c->async_text, sizeof(failure));
+  pthread_mutex_unlock(&c->lock);
+  b.failure = b.failed ? failure : "";
+  b.reply = reply;
+  b.stalled = "";
+  char stall[160];
+  uint64_t su = atomic_load(&c->stall_until_ns);
+  if (su > now) {
+    snprintf(stall, sizeof(stall), "its progress is stalled for %.1f s more (%s)",
+             (double)(su - now) / 1e9, c->stall_why);
+    b.stalled = stall;
+  }
+  Chorus__Boot__Envelope env = CHORUS__BOOT__ENVELOPE__INIT;
+  env.msg_case = CHORUS__BOOT__ENVELOPE__MSG_BEAT;
+  env.beat = &b;
+  return boot_send_envelope(w->fd, &env, 2.0);
+}
+
+/* ---- verdicts ---- */
+
+static int reason_of(int code) {
+  switch (code) {
+  case CHORUS_ERR_TIMEOUT:
+    return CHORUS__TRACE__VERDICT__REASON__TIMEOUT;
+  case CHORUS_ERR_DIVERGED:
+    return CHORUS__TRACE__VERDICT__REASON__DIVERGED;
+  case CHORUS_ERR_MISMATCH:
+    return CHORUS__TRACE__VERDICT__REASON__MISMATCH;
+  case CHORUS_ERR_PEER_LOST:
+    return CHORUS__TRACE__VERDICT__REASON__PEER_LOST;
+  default:
+    return CHORUS__TRACE__VERDICT__REASON__ERROR;
+  }
+}
+
+static void apply(watch_t *w, int code, int culprit, const char *text, const uint32_t *lost,
+                  size_t nlost) {
+  chorus_comm_t *c = w->c;
+  if (atomic_load(&w->applied))
+    return;
+  if (c->set.trace_dir[0]) {
+    w->dumped = true;
+    char path[1100];
+    int rc = dump_write(c, c->set.trace_dir, reason_of(code), culprit, code, text, lost, nlost,
+                        path, sizeof(path));
+    if (rc)
+      eng_log(ENG_WARN, c->rank, "trace", "dump into %s failed: %s", c->set.trace_dir,
+              strerror(-rc));
+  }
+  comm_fail(c, (chorus_result)code, text);
+  atomic_store(&w->applied, true);
+}
+
+/* The communicator failed here first (a mismatch this rank saw, an
+ * abort): dump what this rank knows now; the verdict may rewrite it. */
+static void dump_local_failure(watch_t *w) {
+  chorus_comm_t *c = w->c;
+  char text[sizeof(c->async_text)];
+  if (w->dumped || !c->set.trace_dir[0])
+    return;
+  w->dumped = true;
+  int code = atomic_load(&c->async_rc);
+  pthread_mutex_lock(&c->lock);
+  memcpy(text, c->async_text, sizeof(text));
+  pthread_mutex_unlock(&c->lock);
+  dump_write(c, c->set.trace_dir, reason_of(code), -1, code, text, NULL, 0, NULL, 0);
+}
+
+/* No judge (rank 0 gone, or silent): decide from what this rank sees. */
+static void decide_alone(watch_t *w) {
+  chorus_comm_t *c = w->c;
+  ckpt_call_t cur;
+  if (w->applied || atomic_load(&c->async_rc) || !ckpt_current(&c->ckpt, &cur))
+    return;
+  double waited = (double)(fsm_now_ns() - cur.begin_ns) / 1e9;
+  if (waited < c->set.timeout_s + (w->fd >= 0 ? WATCH_LOCAL_GRACE_S : 0))
+    return;
+  char call[96], text[768];
+  read_blocker(w);
+  fp_format(cur.fp, call, sizeof(call));
+  snprintf(text, sizeof(text),
+           "collective #%llu %s waited %.1f s%s%s%s and rank 0's watchdog %s: rank %d can not "
+           "tell which rank is to blame",
+           (unsigned long long)cur.seq, call, waited, w->where[0] ? " (in '" : "", w->where,
+           w->where[0] ? "')" : "", w->fd >= 0 ? "gave no verdict" : "is gone", c->rank);
+  apply(w, CHORUS_ERR_TIMEOUT, w->waits_for, text, NULL, 0);
+}
+
+static void on_message(watch_t *w, Chorus__Boot__Envelope *env) {
+  switch (env->msg_case) {
+  case CHORUS__BOOT__ENVELOPE__MSG_POLL:
+    send_beat(w, true);
+    break;
+  case CHORUS__BOOT__ENVELOPE__MSG_VERDICT: {
+    const Chorus__Boot__Verdict *v = env->verdict;
+    int code = v->code < 0 && v->code >= CHORUS_ERR_ENV ? v->code : CHORUS_ERR_INTERNAL;
+    apply(w, code, v->culprit, v->text ? v->text : "", v->lost, v->n_lost);
+    break;
+  }
+  case CHORUS__BOOT__ENVELOPE__MSG_ERROR:
+    apply(w, CHORUS_ERR_PEER_LOST, -1,
+          env->error->message ? env->error->message : "the rendezvous failed", NULL, 0);
+    break;
+  default:
+    break;
+  }
+}
+
+static void server_gone(watch_t *w, const char *why) {
+  chorus_comm_t *c = w->c;
+  close(w->fd);
+  w->fd = -1;
+  if (atomic_load(&w->req) & REQ_STOP)
+    return;
+  if (c->rank == 0) {
+    eng_log(ENG_DEBUG, 0, "watchdog", "its own server closed the connection (%s)", why);
+    return;
+  }
+  char text[512];
+  uint32_t zero = 0;
+  snprintf(text, sizeof(text),
+           "rank 0 is lost: its watchdog connection %s (rank 0's process died, or its host is "
+           "unreachable)",
+           why);
+  apply(w, CHORUS_ERR_PEER_LOST, 0, text, &zero, 1);
+}
+
+static void *watch_main(void *arg) {
+  watch_t *w = arg;
+  chorus_comm_t *c = w->c;
+  const uint64_t period = (uint64_t)c->set.watchdog_ms * 1000000;
+  uint64_t next = fsm_now_ns();
+
+  for (;;) {
+    uint64_t now = fsm_now_ns();
+    if (now >= next) {
+      if (w->fd >= 0 && send_beat(w, false) < 0)
+        server_gone(w, "could not be written to");
+      decide_alone(w);
+      next = now + period;
+    }
+    struct pollfd p[2] = {{.fd = w->efd, .events = POLLIN}, {.fd = w->fd, .events = POLLIN}};
+    int ms = (int)((next - now) / 1000000) + 1;
+    int np = poll(p, w->fd >= 0 ? 2 : 1, ms);
+    if (np < 0 && errno != EINTR)
+      break;
+    if (np <= 0)
+      continue;
+    if (p[0].revents) {
+      uint64_t v;
+      if (read(w->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        break;
+      int req = atomic_exchange(&w->req, 0);
+      if (req & REQ_FAIL) {
+        if (w->fd >= 0 && send_beat(w, false) < 0)
+          server_gone(w, "could not be written to");
+        dump_local_failure(w);
+      }
+      if (req & REQ_STOP) {
+        atomic_store(&w->req, REQ_STOP);
+        break;
+      }
+      if (req & (REQ_DUMP | REQ_FATAL)) {
+        const char *why = req & REQ_FATAL ? "a fatal signal" : "SIGUSR1";
+        char text[128];
+        snprintf(text, sizeof(text), "rank %d dumped on request (%s)", c->rank, why);
+        if (c->set.trace_dir[0])
+          dump_write(c, c->set.trace_dir,
+                     req & REQ_FATAL ? CHORUS__TRACE__VERDICT__REASON__FATAL
+                                     : CHORUS__TRACE__VERDICT__REASON__REQUEST,
+                     -1, 0, text, NULL, 0, NULL, 0);
+        if (req & REQ_FATAL)
+          atomic_fetch_sub(&g_fatal_pending, 1);
+      }
+    }
+    if (w->fd >= 0 && p[1].revents) {
+      Chorus__Boot__Envelope *env = NULL;
+      int rc = boot_recv_envelope(w->fd, 2.0, &env);
+      if (rc) {
+        server_gone(w, rc == -EPIPE ? "closed" : strerror(-rc));
+        continue;
+      }
+      on_message(w, env);
+      chorus__boot__envelope__free_unpacked(env, NULL);
+    }
+  }
+  return NULL;
+}
+
+chorus_result watch_start(chorus_comm_t *c) {
+  char err[512];
+  int64_t off = 0;
+
+  if (!c->boot || !c->set.trace)
+    return CHORUS_SUCCESS;
+  watch_t *w = calloc(1, sizeof(*w));
+  if (!w)
+    return CHORUS_ERR_NO_MEMORY;
+  w->c = c;
+  w->waits_for = -1;
+  w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  int fd = w->efd >= 0 ? boot_watch_connect(c->boot, &off, err, sizeof(err)) : -1;
+  if (fd < 0) {
+    eng_log(ENG_WARN, c->rank, "watchdog",
+            "no watchdog for this communicator (divergence and lost ranks are not detected): %s",
+            w->efd < 0 ? strerror(errno) : err);
+    if (w->efd >= 0)
+      close(w->efd);
+    free(w);
+    return CHORUS_SUCCESS;
+  }
+  w->fd = fd;
+  c->clock_offset_ns = off;
+  /* signals go to the application's threads, not this one */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&w->thread, NULL, watch_main, w);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc) {
+    close(fd);
+    close(w->efd);
+    free(w);
+    return comm_error(c, CHORUS_ERR_INTERNAL, "cannot start the watchdog thread: %s", strerror(rc));
+  }
+  c->watch = w;
+  registry_add(w);
+  return CHORUS_SUCCESS;
+}
+
+void watch_notify_failure(watch_t *w) {
+  uint64_t one = 1;
+  atomic_fetch_or(&w->req, REQ_FAIL);
+  if (write(w->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    eng_log(ENG_WARN, w->c->rank, "watchdog", "eventfd write: %s", strerror(errno));
+}
+
+void watch_stop(watch_t *w) {
+  if (!w)
+    return;
+  /* failed here: give the judge a moment to name the culprit (and the
+   * dump to say so) before this rank leaves */
+  for (int i = 0;
+       i < 200 && atomic_load(&w->c->async_rc) && !atomic_load(&w->applied) && w->fd >= 0; i++) {
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  registry_remove(w);
+  uint64_t one = 1;
+  atomic_fetch_or(&w->req, REQ_STOP);
+  if (write(w->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    eng_log(ENG_WARN, w->c->rank, "watchdog", "eventfd write: %s", strerror(errno));
+  pthread_join(w->thread, NULL);
+  if (w->fd >= 0) {
+    Chorus__Boot__WatchBye bye = CHORUS__BOOT__WATCH_BYE__INIT;
+    Chorus__Boot__Envelope env = CHORUS__BOOT__ENVELOPE__INIT;
+    env.msg_case = CHORUS__BOOT__ENVELOPE__MSG_WATCH_BYE;
+    env.watch_bye = &bye;
+    boot_send_envelope(w->fd, &env, 1.0);
+    close(w->fd);
+  }
+  close(w->efd);
+  free(w);
+}

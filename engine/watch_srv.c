@@ -1,0 +1,631 @@
+/*
+ * watch_srv.c - the watchdog's judge (watch_srv.h).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algos/algos.h"
+#include "chorus.h"
+#include "ckpt.h"
+#include "eng.h"
+#include "watch_srv.h"
+
+#define WS_CALLS 16
+#define WS_POLL_S 1.0 /* how long a poll waits for the ranks' fresh beats */
+
+typedef struct wcall {
+  uint64_t seq, fp, count, age_ms;
+  int kind, dtype, op, root; /* engine values, -1: unknown */
+  char algo[16];
+  bool done;
+} wcall_t;
+
+typedef struct wrank {
+  bool joined, bye, lost, have_beat, replied;
+  double last_heard, beat_at;
+  char lost_why[256];
+  uint64_t last_begun, last_finished, wait_ms, quiet_ms;
+  int waits_for, failed;
+  bool destroying;
+  char where[192], failure[512], stalled[128];
+  wcall_t calls[WS_CALLS];
+  int ncalls;
+} wrank_t;
+
+struct wsrv {
+  wsrv_config_t cfg;
+  wrank_t *r;
+  double start;
+  bool decided, polled, polling;
+  double poll_until;
+  int code, culprit;
+};
+
+wsrv_t *wsrv_new(const wsrv_config_t *cfg, double now) {
+  wsrv_t *w = calloc(1, sizeof(*w));
+  if (!w)
+    return NULL;
+  w->cfg = *cfg;
+  w->r = calloc((size_t)cfg->size, sizeof(*w->r));
+  if (!w->r) {
+    free(w);
+    return NULL;
+  }
+  for (int i = 0; i < cfg->size; i++) {
+    w->r[i].waits_for = -1;
+    w->r[i].last_heard = now;
+  }
+  w->start = now;
+  w->culprit = -1;
+  return w;
+}
+
+void wsrv_free(wsrv_t *w) {
+  if (!w)
+    return;
+  free(w->r);
+  free(w);
+}
+
+bool wsrv_decided(const wsrv_t *w, int *code, int *culprit) {
+  if (code)
+    *code = w->code;
+  if (culprit)
+    *culprit = w->culprit;
+  return w->decided;
+}
+
+/* ---- text ---- */
+
+static void ranks_str(char *buf, size_t len, const int *v, int n) {
+  size_t off = (size_t)snprintf(buf, len, n == 1 ? "rank " : "ranks ");
+  for (int i = 0; i < n && off < len; i++) {
+    char item[16];
+    if (off + 32 >= len) {
+      snprintf(item, sizeof(item), "%d", n);
+      snprintf(buf + off, len - off, ",... (%.12s in all)", item);
+      return;
+    }
+    snprintf(item, sizeof(item), "%s%d", i ? "," : "", v[i]);
+    off += (size_t)snprintf(buf + off, len - off, "%.15s", item);
+  }
+}
+
+static void call_str(const wcall_t *c, char *buf, size_t len) {
+  fp_format(c->fp, buf, len);
+  if (!c->fp && c->algo[0])
+    snprintf(buf, len, "%s (%s)", c->kind >= 0 ? coll_kind_str(c->kind) : "?", c->algo);
+}
+
+/* ---- beats ---- */
+
+static const wcall_t *call_at(const wrank_t *r, uint64_t seq) {
+  for (int i = 0; i < r->ncalls; i++)
+    if (r->calls[i].seq == seq)
+      return &r->calls[i];
+  return NULL;
+}
+
+static const wcall_t *open_call(const wrank_t *r) {
+  for (int i = 0; i < r->ncalls; i++)
+    if (!r->calls[i].done)
+      return &r->calls[i];
+  return NULL;
+}
+
+static bool live(const wrank_t *r) {
+  return !r->lost && !r->bye;
+}
+
+static void evaluate(wsrv_t *w, double now);
+
+void wsrv_join(wsrv_t *w, int rank, double now) {
+  if (rank < 0 || rank >= w->cfg.size)
+    return;
+  w->r[rank].joined = true;
+  w->r[rank].last_heard = now;
+}
+
+void wsrv_beat(wsrv_t *w, int rank, const Chorus__Boot__Beat *b, double now) {
+  if (rank < 0 || rank >= w->cfg.size)
+    return;
+  wrank_t *r = &w->r[rank];
+  r->have_beat = true;
+  r->last_heard = r->beat_at = now;
+  r->last_begun = b->last_begun;
+  r->last_finished = b->last_finished;
+  r->wait_ms = b->wait_ms;
+  r->quiet_ms = b->quiet_ms;
+  r->waits_for = b->waits_for >= 0 && b->waits_for < w->cfg.size ? b->waits_for : -1;
+  r->destroying = b->destroying;
+  r->failed = b->failed;
+  snprintf(r->where, sizeof(r->where), "%s", b->where ? b->where : "");
+  snprintf(r->failure, sizeof(r->failure), "%s", b->failure ? b->failure : "");
+  snprintf(r->stalled, sizeof(r->stalled), "%s", b->stalled ? b->stalled : "");
+  r->ncalls = 0;
+  size_t first = b->n_calls > WS_CALLS ? b->n_calls - WS_CALLS : 0;
+  for (size_t i = first; i < b->n_calls; i++) {
+    const Chorus__Boot__WatchCall *c = b->calls[i];
+    wcall_t *o = &r->calls[r->ncalls++];
+    o->seq = c->seq;
+    o->fp = c->fp;
+    o->count = c->count;
+    o->age_ms = c->age_ms;
+    o->kind = (int)c->kind - 1;
+    o->dtype = (int)c->dtype - 1;
+    o->op = (int)c->op - 1;
+    o->root = c->root;
+    o->done = c->done;
+    snprintf(o->algo, sizeof(o->algo), "%s", c->algo ? c->algo : "");
+  }
+  if (b->reply)
+    r->replied = true;
+  evaluate(w, now);
+}
+
+void wsrv_bye(wsrv_t *w, int rank) {
+  if (rank >= 0 && rank < w->cfg.size)
+    w->r[rank].bye = true;
+}
+
+void wsrv_lost(wsrv_t *w, int rank, const char *why, double now) {
+  if (rank < 0 || rank >= w->cfg.size || w->r[rank].bye || w->r[rank].lost)
+    return;
+  w->r[rank].lost = true;
+  snprintf(w->r[rank].lost_why, sizeof(w->r[rank].lost_why), "%s", why);
+  evaluate(w, now);
+}
+
+void wsrv_tick(wsrv_t *w, double now) {
+  evaluate(w, now);
+}
+
+/* ---- verdicts ---- */
+
+static void verdict(wsrv_t *w, int code, int culprit, uint64_t seq, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void verdict(wsrv_t *w, int code, int culprit, uint64_t seq, const char *fmt, ...) {
+  char text[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof(text), fmt, ap);
+  va_end(ap);
+
+  w->decided = true;
+  w->code = code;
+  w->culprit = culprit;
+  eng_log(ENG_ERR, 0, "watchdog", "verdict (%s): %s", chorus_strerror(code), text);
+
+  uint32_t *lost = calloc((size_t)w->cfg.size, sizeof(*lost));
+  size_t nlost = 0;
+  for (int i = 0; lost && i < w->cfg.size; i++)
+    if (w->r[i].lost)
+      lost[nlost++] = (uint32_t)i;
+  Chorus__Boot__Verdict v = CHORUS__BOOT__VERDICT__INIT;
+  v.code = code;
+  v.culprit = culprit;
+  v.seq = seq;
+  v.text = text;
+  v.n_lost = nlost;
+  v.lost = lost;
+  Chorus__Boot__Envelope env = CHORUS__BOOT__ENVELOPE__INIT;
+  env.msg_case = CHORUS__BOOT__ENVELOPE__MSG_VERDICT;
+  env.verdict = &v;
+  size_t n = chorus__boot__envelope__get_packed_size(&env);
+  uint8_t *frame = malloc(n + 4);
+  if (frame) {
+    frame[0] = (uint8_t)(n >> 24);
+    frame[1] = (uint8_t)(n >> 16);
+    frame[2] = (uint8_t)(n >> 8);
+    frame[3] = (uint8_t)n;
+    chorus__boot__envelope__pack(&env, frame + 4);
+    for (int i = 0; i < w->cfg.size; i++)
+      if (w->r[i].joined && live(&w->r[i]))
+        w->cfg.send(w->cfg.arg, i, frame, n + 4);
+  }
+  free(frame);
+  free(lost);
+}
+
+static void poll_all(wsrv_t *w, double now) {
+  Chorus__Boot__Poll p = CHORUS__BOOT__POLL__INIT;
+  Chorus__Boot__Envelope env = CHORUS__BOOT__ENVELOPE__INIT;
+  env.msg_case = CHORUS__BOOT__ENVELOPE__MSG_POLL;
+  env.poll = &p;
+  size_t n = chorus__boot__envelope__get_packed_size(&env);
+  uint8_t frame[64];
+  if (n + 4 > sizeof(frame))
+    return;
+  frame[0] = (uint8_t)(n >> 24);
+  frame[1] = (uint8_t)(n >> 16);
+  frame[2] = (uint8_t)(n >> 8);
+  frame[3] = (uint8_t)n;
+  chorus__boot__envelope__pack(&env, frame + 4);
+  for (int i = 0; i < w->cfg.size; i++) {
+    w->r[i].replied = false;
+    if (w->r[i].joined && live(&w->r[i]))
+      w->cfg.send(w->cfg.arg, i, frame, n + 4);
+  }
+  w->polled = w->polling = true;
+  w->poll_until = now + WS_POLL_S;
+}
+
+/* "ranks 0,1,3 wait in #42 allreduce(...) (rank 0 in 'RECV ...')" into buf;
+ * S 0: the oldest open call of any rank. Returns S. */
+static uint64_t waiting_str(const wsrv_t *w, uint64_t S, int except, char *buf, size_t len) {
+  int *v = calloc((size_t)w->cfg.size, sizeof(int));
+  int n = 0, first = -1;
+  const wcall_t *c = NULL;
+
+  buf[0] = '\0';
+  if (!v)
+    return S;
+  if (!S)
+    for (int i = 0; i < w->cfg.size; i++) {
+      const wcall_t *oc = open_call(&w->r[i]);
+      if (oc && live(&w->r[i]) && i != except && (!S || oc->seq < S))
+        S = oc->seq;
+    }
+  for (int i = 0; S && i < w->cfg.size; i++) {
+    const wcall_t *ci = call_at(&w->r[i], S);
+    if (i == except || !live(&w->r[i]) || !ci || ci->done)
+      continue;
+    v[n++] = i;
+    if (first < 0 || (!w->r[first].where[0] && w->r[i].where[0]))
+      first = i, c = ci;
+  }
+  if (n && c) {
+    char rs[256], cs[128];
+    ranks_str(rs, sizeof(rs), v, n);
+    call_str(c, cs, sizeof(cs));
+    const char *verb = n == 1 ? "waits" : "wait";
+    if (w->r[first].where[0] && n > 1)
+      snprintf(buf, len, "%s %s in #%llu %s (rank %d in '%s')", rs, verb, (unsigned long long)S, cs,
+               first, w->r[first].where);
+    else if (w->r[first].where[0])
+      snprintf(buf, len, "%s %s in #%llu %s (in '%s')", rs, verb, (unsigned long long)S, cs,
+               w->r[first].where);
+    else
+      snprintf(buf, len, "%s %s in #%llu %s", rs, verb, (unsigned long long)S, cs);
+  }
+  free(v);
+  return S;
+}
+
+/* Rule 1: lost ranks. */
+static bool check_lost(wsrv_t *w, double now) {
+  char wait[768];
+  for (int i = 0; i < w->cfg.size; i++) {
+    wrank_t *r = &w->r[i];
+    if (!r->lost && !r->bye && r->joined && now - r->last_heard > w->cfg.peer_timeout_s) {
+      r->lost = true;
+      snprintf(r->lost_why, sizeof(r->lost_why),
+               "it sent no heartbeat for %.1f s (frozen, or unreachable)", now - r->last_heard);
+    }
+    if (!r->lost || r->bye)
+      continue;
+    if (!w->polled) {
+      /* fresh beats first: where the others wait, for the verdict's text */
+      poll_all(w, now);
+      return true;
+    }
+    if (w->polling)
+      return true;
+    uint64_t S = waiting_str(w, 0, i, wait, sizeof(wait));
+    if (r->destroying) {
+      if (!wait[0])
+        continue; /* it left as the others will: nobody waits for it */
+      verdict(w, CHORUS_ERR_DIVERGED, i, S,
+              "rank %d destroyed the communicator after #%llu and left while %s: rank %d "
+              "diverged (it made fewer calls)",
+              i, (unsigned long long)r->last_begun, wait, i);
+    } else {
+      verdict(w, CHORUS_ERR_PEER_LOST, i, S, "rank %d is lost: %s%s%s", i, r->lost_why,
+              wait[0] ? "; " : "", wait);
+    }
+    return true;
+  }
+  return false;
+}
+
+static const char *field_diff(const wcall_t *a, const wcall_t *b, char *buf, size_t len) {
+  if (a->kind != b->kind)
+    snprintf(buf, len, "another collective");
+  else if (a->count != b->count)
+    snprintf(buf, len, "count %llu instead of %llu", (unsigned long long)b->count,
+             (unsigned long long)a->count);
+  else if (a->dtype != b->dtype)
+    snprintf(buf, len, "dtype %s instead of %s",
+             b->dtype >= 0 ? chorus_dtype_name((chorus_dtype)b->dtype) : "?",
+             a->dtype >= 0 ? chorus_dtype_name((chorus_dtype)a->dtype) : "?");
+  else if (a->op != b->op)
+    snprintf(buf, len, "op %s instead of %s", b->op >= 0 ? chorus_op_name((chorus_op)b->op) : "?",
+             a->op >= 0 ? chorus_op_name((chorus_op)a->op) : "?");
+  else if (a->root != b->root)
+    snprintf(buf, len, "root %d instead of %d", b->root, a->root);
+  else
+    snprintf(buf, len, "algorithm %s instead of %s (set CHORUS_ALGO alike on every rank)", b->algo,
+             a->algo);
+  return buf;
+}
+
+/* The lowest seq at which two ranks' calls differ, or UINT64_MAX. */
+static uint64_t conflict_seq(const wsrv_t *w) {
+  const int n = w->cfg.size;
+  uint64_t S = UINT64_MAX;
+
+  for (int a = 0; a < n; a++) {
+    if (!w->r[a].have_beat || w->r[a].lost)
+      continue;
+    for (int k = 0; k < w->r[a].ncalls; k++) {
+      const wcall_t *ca = &w->r[a].calls[k];
+      if (ca->seq >= S)
+        continue;
+      for (int b = a + 1; b < n; b++) {
+        const wcall_t *cb = w->r[b].have_beat && !w->r[b].lost ? call_at(&w->r[b], ca->seq) : NULL;
+        if (cb && cb->fp != ca->fp) {
+          S = ca->seq;
+          break;
+        }
+      }
+    }
+  }
+  return S;
+}
+
+static bool has_conflict(const wsrv_t *w) {
+  return conflict_seq(w) != UINT64_MAX;
+}
+
+/* Rule 2: calls at one seq differ. */
+static bool check_conflict(wsrv_t *w) {
+  const int n = w->cfg.size;
+  uint64_t S = conflict_seq(w);
+  if (S == UINT64_MAX)
+    return false;
+  for (int i = 0; i < n && eng_log_level >= ENG_DEBUG; i++) {
+    const wcall_t *ci = call_at(&w->r[i], S);
+    eng_log(ENG_DEBUG, 0, "watchdog", "rank %d: beat %s, last begun #%llu, call #%llu %s", i,
+            w->r[i].have_beat ? "yes" : "no", (unsigned long long)w->r[i].last_begun,
+            (unsigned long long)S, ci ? "present" : "absent");
+  }
+
+  /* the largest group of agreeing ranks (ties: the one with the lowest rank) */
+  int *votes = calloc((size_t)n, sizeof(int));
+  int *bad = calloc((size_t)n, sizeof(int));
+  int *good = calloc((size_t)n, sizeof(int));
+  if (!votes || !bad || !good) {
+    free(votes);
+    free(bad);
+    free(good);
+    return false;
+  }
+  int best = -1;
+  for (int a = 0; a < n; a++) {
+    const wcall_t *ca = w->r[a].have_beat && !w->r[a].lost ? call_at(&w->r[a], S) : NULL;
+    if (!ca)
+      continue;
+    for (int b = 0; b < n; b++) {
+      const wcall_t *cb = w->r[b].have_beat && !w->r[b].lost ? call_at(&w->r[b], S) : NULL;
+      if (cb && cb->fp == ca->fp)
+        votes[a]++;
+    }
+    if (best < 0 || votes[a] > votes[best])
+      best = a;
+  }
+  const wcall_t *ref = call_at(&w->r[best], S);
+  int nbad = 0, ngood = 0;
+  bool diverged = false;
+  for (int a = 0; a < n; a++) {
+    const wcall_t *ca = w->r[a].have_beat && !w->r[a].lost ? call_at(&w->r[a], S) : NULL;
+    if (!ca)
+      continue;
+    if (ca->fp == ref->fp) {
+      good[ngood++] = a;
+    } else {
+      bad[nbad++] = a;
+      diverged |= ca->kind != ref->kind;
+    }
+  }
+  const wcall_t *other = call_at(&w->r[bad[0]], S);
+  char gs[256], bs[256], rc[128], oc[128], diff[160];
+  ranks_str(gs, sizeof(gs), good, ngood);
+  ranks_str(bs, sizeof(bs), bad, nbad);
+  call_str(ref, rc, sizeof(rc));
+  call_str(other, oc, sizeof(oc));
+  if (diverged)
+    verdict(w, CHORUS_ERR_DIVERGED, bad[0], S,
+            "collective #%llu: %s called %s but %s called %s: rank %d diverged (its sequence of "
+            "calls differs from the others': a skipped or an extra call)",
+            (unsigned long long)S, gs, rc, bs, oc, bad[0]);
+  else
+    verdict(w, CHORUS_ERR_MISMATCH, bad[0], S,
+            "collective #%llu: %s called %s but %s called %s (%s): rank %d's call does not match",
+            (unsigned long long)S, gs, rc, bs, oc, field_diff(ref, other, diff, sizeof(diff)),
+            bad[0]);
+  free(votes);
+  free(bad);
+  free(good);
+  return true;
+}
+
+/* Rule 3: a call waits past the timeout. */
+static bool check_timeout(wsrv_t *w) {
+  const int n = w->cfg.size;
+  const uint64_t limit_ms = (uint64_t)(w->cfg.timeout_s * 1000.0);
+  uint64_t S = 0;
+  char wait[768];
+
+  for (int i = 0; i < n; i++) {
+    const wcall_t *oc = live(&w->r[i]) ? open_call(&w->r[i]) : NULL;
+    if (oc && w->r[i].wait_ms >= limit_ms && (!S || oc->seq < S))
+      S = oc->seq;
+  }
+  if (!S)
+    return false;
+  waiting_str(w, S, -1, wait, sizeof(wait));
+
+  /* a rank that has not reached S */
+  for (int i = 0; i < n; i++) {
+    const wrank_t *r = &w->r[i];
+    if (r->lost || !r->have_beat || call_at(r, S) || r->last_begun >= S)
+      continue;
+    if (r->bye) {
+      verdict(w, CHORUS_ERR_DIVERGED, i, S,
+              "%s; rank %d destroyed the communicator after #%llu and left without calling "
+              "#%llu: rank %d diverged (it made fewer calls)",
+              wait, i, (unsigned long long)r->last_begun, (unsigned long long)S, i);
+      return true;
+    }
+    const wcall_t *oc = open_call(r);
+    char cs[128];
+    if (oc && oc->seq < S) {
+      call_str(oc, cs, sizeof(cs));
+      verdict(w, CHORUS_ERR_TIMEOUT, i, S,
+              "%s; rank %d is still in #%llu %s%s%s%s, which the others finished: rank %d is "
+              "stuck",
+              wait, i, (unsigned long long)oc->seq, cs, r->where[0] ? " (in '" : "", r->where,
+              r->where[0] ? "')" : "", i);
+      return true;
+    }
+    const wcall_t *last = call_at(r, r->last_begun);
+    if (last)
+      call_str(last, cs, sizeof(cs));
+    else
+      snprintf(cs, sizeof(cs), "none");
+    if (r->destroying)
+      verdict(w, CHORUS_ERR_DIVERGED, i, S,
+              "%s; rank %d is destroying the communicator after #%llu %s and never called "
+              "#%llu: rank %d diverged",
+              wait, i, (unsigned long long)r->last_begun, cs, (unsigned long long)S, i);
+    else
+      verdict(w, CHORUS_ERR_DIVERGED, i, S,
+              "%s; rank %d never called #%llu (its last call, #%llu %s, began %.1f s ago): rank "
+              "%d diverged (skipped the call, or stalls outside Chorus)",
+              wait, i, (unsigned long long)S, (unsigned long long)r->last_begun, cs,
+              last ? (double)last->age_ms / 1000.0 : 0.0, i);
+    return true;
+  }
+
+  /* everyone is in S (or past it): a stalled rank, then the wait-for chain */
+  for (int i = 0; i < n; i++)
+    if (live(&w->r[i]) && w->r[i].stalled[0]) {
+      verdict(w, CHORUS_ERR_TIMEOUT, i, S, "%s; rank %d is stalled: %s", wait, i, w->r[i].stalled);
+      return true;
+    }
+  int qmax = -1;
+  uint64_t q1 = 0, q2 = 0;
+  for (int i = 0; i < n; i++) {
+    if (!live(&w->r[i]))
+      continue;
+    uint64_t q = w->r[i].quiet_ms;
+    if (q > q1) {
+      q2 = q1;
+      q1 = q;
+      qmax = i;
+    } else if (q > q2) {
+      q2 = q;
+    }
+  }
+  uint64_t floor_ms = (uint64_t)(3 * w->cfg.tick_s * 1000.0);
+  if (floor_ms < 2000)
+    floor_ms = 2000;
+  if (qmax >= 0 && q1 > floor_ms && q1 > 4 * q2 + 1000) {
+    verdict(w, CHORUS_ERR_TIMEOUT, qmax, S,
+            "%s; rank %d's progress engine has not run for %.1f s: rank %d is stalled", wait, qmax,
+            (double)q1 / 1000.0, qmax);
+    return true;
+  }
+  bool *seen = calloc((size_t)n, sizeof(bool));
+  if (!seen)
+    return false;
+  int x = -1;
+  for (int i = 0; i < n && x < 0; i++) {
+    const wcall_t *ci = call_at(&w->r[i], S);
+    if (live(&w->r[i]) && ci && !ci->done)
+      x = i;
+  }
+  int path[64], np = 0;
+  while (x >= 0 && !seen[x]) {
+    seen[x] = true;
+    if (np < 64)
+      path[np++] = x;
+    const wcall_t *cx = call_at(&w->r[x], S);
+    if (!live(&w->r[x]) || !cx || cx->done || w->r[x].waits_for < 0)
+      break;
+    x = w->r[x].waits_for;
+  }
+  if (x >= 0 && seen[x] && np > 1 && path[np - 1] != x) {
+    /* a cycle */
+    char cyc[256];
+    size_t off = 0;
+    int k = 0;
+    while (k < np && path[k] != x)
+      k++;
+    for (int j = k; j < np && off < sizeof(cyc); j++)
+      off += (size_t)snprintf(cyc + off, sizeof(cyc) - off, "%d -> ", path[j]);
+    if (off < sizeof(cyc))
+      snprintf(cyc + off, sizeof(cyc) - off, "%d", x);
+    verdict(w, CHORUS_ERR_TIMEOUT, -1, S,
+            "%s; ranks wait for each other in a cycle (%s): a message was lost or the schedule "
+            "deadlocks; no single culprit",
+            wait, cyc);
+  } else if (x >= 0) {
+    const wcall_t *cx = call_at(&w->r[x], S);
+    if (cx && cx->done)
+      verdict(w, CHORUS_ERR_TIMEOUT, x, S,
+              "%s; rank %d finished #%llu but what it sent never arrived: its messages were "
+              "lost on the way (rank %d)",
+              wait, x, (unsigned long long)S, x);
+    else
+      verdict(w, CHORUS_ERR_TIMEOUT, x, S,
+              "%s; rank %d%s%s%s waits for nobody: rank %d holds the others up", wait, x,
+              w->r[x].where[0] ? " (in '" : "", w->r[x].where, w->r[x].where[0] ? "')" : "", x);
+  } else {
+    verdict(w, CHORUS_ERR_TIMEOUT, -1, S, "%s past the timeout (%.1f s)", wait, w->cfg.timeout_s);
+  }
+  free(seen);
+  return true;
+}
+
+static void evaluate(wsrv_t *w, double now) {
+  if (w->decided)
+    return;
+  if (w->polling) {
+    bool all = true;
+    for (int i = 0; i < w->cfg.size; i++)
+      if (w->r[i].joined && live(&w->r[i]) && !w->r[i].replied)
+        all = false;
+    if (all || now >= w->poll_until)
+      w->polling = false;
+  }
+  if (check_lost(w, now) || w->polling)
+    return;
+  /* a failure a rank reported: fresh beats first, so the culprit is named */
+  int failed = -1;
+  for (int i = 0; i < w->cfg.size && failed < 0; i++)
+    if (w->r[i].failed && live(&w->r[i]))
+      failed = i;
+  if (failed >= 0 && !w->polled) {
+    poll_all(w, now);
+    return;
+  }
+  if (!w->polled && has_conflict(w)) {
+    /* every rank's call at that seq first: the culprit is the odd one out */
+    poll_all(w, now);
+    return;
+  }
+  if (check_conflict(w))
+    return;
+  if (failed >= 0) {
+    char wait[768];
+    uint64_t S = waiting_str(w, 0, failed, wait, sizeof(wait));
+    verdict(w, w->r[failed].failed, -1, S, "rank %d failed: %s%s%s", failed, w->r[failed].failure,
+            wait[0] ? "; " : "", wait);
+    return;
+  }
+  check_timeout(w);
+}
