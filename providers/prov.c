@@ -32,7 +32,9 @@ int prov_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errle
               cfg->nranks);
     return -EINVAL;
   }
-  if (strchr(cfg->name, '+'))
+  if (cfg->faults && cfg->faults[0])
+    ops = &prov_fault_ops;
+  else if (strchr(cfg->name, '+'))
     ops = &prov_multi_ops;
   else
     ops = strcmp(cfg->name, "inproc") == 0 ? &prov_inproc_ops : &prov_ofi_ops;

@@ -6,6 +6,8 @@
  *   prov_inproc  every rank inside one process (unit tests, simulation).
  *   prov_multi   two of them side by side, routed per peer: shm inside a
  *                host, a network provider between hosts ("shm+tcp").
+ *   prov_fault   a wrapper around any of them that injects faults from a
+ *                spec (cfg->faults; see "Fault injection" below).
  *
  * Model
  *  - A transport instance is one endpoint of one rank. Peers are numbered
@@ -31,6 +33,52 @@
  *  fires), or -EAGAIN when completions are pending (call progress() again).
  *  After waking, the owner calls disarm(). wait_fd() may be -1, meaning the
  *  provider can not wake the owner: sleep on a timer only, with backoff.
+ *
+ * Fault injection (prov_fault, fault.h)
+ *  prov_open() wraps the named provider in prov_fault when cfg->faults is
+ *  not empty (the result is named "fault(CHILD)"). The spec is a list of
+ *  rules separated by ';', each `kind:key=val,key=val` (whitespace around
+ *  tokens is allowed; at most 64 rules and 4096 bytes):
+ *
+ *    seed=7;drop:p=0.01;delay:ms=50,p=0.1;dup:p=0.01;reorder:p=0.05;
+ *    corrupt:p=0.001;kill:rank=3,at=allreduce#100;stall:rank=1,at=#40,s=30
+ *
+ *  Kinds acting on sends (receives pass through):
+ *    drop     the send completes for the caller; nothing is sent.
+ *    delay    ms=M: the send is held M milliseconds, then posted.
+ *    dup      the message goes twice (the copy from a private copy of the
+ *             payload; the caller's op completes once).
+ *    reorder  the send is held until the caller's next send to that peer
+ *             was handed on (then it follows it), 5 ms at most.
+ *    corrupt  one bit (a deterministic position) of a private copy of the
+ *             payload is flipped and the copy is sent.
+ *  Kinds acting on calls, asked for by the engine at the start of each
+ *  collective (fault_plan_on_call) and carried out by it:
+ *    kill     rank=R,at=[KIND]#SEQ: the rank dies there.
+ *    stall    rank=R,at=[KIND]#SEQ,s=S: it freezes for S seconds
+ *             (prov_fault_stall: nothing delivered, nothing posted).
+ *  Targets, on any rule: rank=R (only when this rank sends), peer=P (only
+ *  messages to P), at=#SEQ or at=KIND#SEQ (KIND: allreduce, bcast, ...,
+ *  for kill and stall only), from=#SEQ and to=#SEQ (a range), n=N (at most
+ *  N injections by this endpoint), p=X (chance per message or call, 0..1;
+ *  1 when a target at=, from=, to= or n= is given, else required).
+ *  Messages carry their collective's sequence number in the tag, at bits
+ *  [cfg->fault_tag_seq_shift, + cfg->fault_tag_seq_bits) (0 bits: not known,
+ *  and rules with at=, from= or to= never match a message); only those low
+ *  bits are compared, and a rule's at=/from=/to= must fit in them.
+ *  Each message meets the rules in spec order; the first that targets it,
+ *  has injections left and whose draw is below p applies (one fault per
+ *  message). A draw is a hash of (seed, rule index, sending rank,
+ *  destination, tag, how many sends this endpoint made before with that
+ *  destination and tag) - not of time: the same seed and program give the
+ *  same faults. (Repeats are counted exactly within the last 16384 distinct
+ *  destination and tag pairs; further apart a pair may count from 0 again.)
+ *  Immediate data travels unchanged on every path. The wrapper's wait_fd()
+ *  is an epoll set over the child's fd and a timer set by arm() to the
+ *  earliest held send; -1 when the child has none. release() is there when
+ *  the child has one. The per-provider introspection calls
+ *  (prov_multi_stats, prov_ofi_rndv_stats) take prov_fault_child(p).
+ *  prov_fault_events() journals what was injected.
  */
 #ifndef CHORUS_PROV_H
 #define CHORUS_PROV_H
@@ -82,6 +130,13 @@ typedef struct prov_config {
    * bounce slot (at most 256 KiB; the engine lowers it when ranks
    * outnumber cores). 0: the default, 256 KiB; PROV_BOUNCE_NONE: never. */
   size_t shm_bounce;
+  /* Fault injection: a spec (grammar above); NULL or "": none. */
+  const char *faults;
+  /* Where the collective sequence number lies in a tag, for the fault
+   * rules' at=, from= and to=: bits [shift, shift + bits). The engine's
+   * layout puts it at shift 24, 16 bits. bits 0: not known. */
+  int fault_tag_seq_shift;
+  int fault_tag_seq_bits;
 } prov_config_t;
 #define PROV_BOUNCE_NONE ((size_t)-1)
 
@@ -134,9 +189,12 @@ extern const prov_ops_t prov_ofi_ops;
 extern const prov_ops_t prov_inproc_ops;
 
 extern const prov_ops_t prov_multi_ops;
+extern const prov_ops_t prov_fault_ops;
 
 /* Open by name: "inproc" -> prov_inproc, "A+B" (e.g. "shm+tcp") ->
- * prov_multi over A and B, anything else -> prov_ofi. */
+ * prov_multi over A and B, anything else -> prov_ofi; any of them inside
+ * prov_fault when cfg->faults is not empty (a bad spec: -EINVAL and the
+ * parser's reason in errbuf). */
 int prov_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errlen);
 
 /* prov_multi: what went where, for logs and tests. child 0 is the
@@ -162,6 +220,35 @@ typedef struct prov_ofi_rndv_stats {
   uint64_t cma_bytes, mapped_bytes, borrowed_bytes, bounce_bytes;
 } prov_ofi_rndv_stats_t;
 int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out);
+
+/* prov_fault: what was injected, for logs and tests. */
+typedef struct prov_fault_event {
+  uint64_t t_ns;    /* CLOCK_MONOTONIC, when it was decided */
+  const char *kind; /* "drop", "delay", "dup", "reorder", "corrupt", "stall" */
+  int peer;         /* destination; -1 for a stall */
+  uint64_t tag;
+  char detail[96]; /* rule, bytes, bit flipped, milliseconds held... */
+} prov_fault_event_t;
+#define PROV_FAULT_JOURNAL 256 /* events kept: the most recent */
+/* Copies the most recent events (at most max), oldest first; returns how
+ * many, or -EINVAL when p is not a prov_fault. */
+int prov_fault_events(prov_t *p, prov_fault_event_t *out, int max);
+
+typedef struct prov_fault_stats {
+  uint64_t sends;                              /* sends the caller posted */
+  uint64_t drop, delay, dup, reorder, corrupt; /* injected, by kind */
+  uint64_t stall;                              /* prov_fault_stall() calls */
+  uint64_t events;                             /* journaled in all (kept: the last 256) */
+} prov_fault_stats_t;
+/* Returns 0, or -EINVAL when p is not a prov_fault. */
+int prov_fault_stats(prov_t *p, prov_fault_stats_t *out);
+/* The wrapped provider, or NULL when p is not a prov_fault. */
+prov_t *prov_fault_child(prov_t *p);
+/* Freezes the endpoint for `seconds` from now (0 ends a stall): progress()
+ * delivers nothing and posts nothing, sends and receives are held, arm()
+ * sleeps until the end; all resumes afterwards. Returns 0, or -EINVAL (not
+ * a prov_fault, seconds negative or above a week). */
+int prov_fault_stall(prov_t *p, double seconds);
 
 /* In-process world shared by the ranks of one simulated job. */
 typedef struct prov_inproc_world prov_inproc_world_t;

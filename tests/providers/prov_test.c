@@ -107,6 +107,13 @@ size_t pt_check(const void *buf, size_t len, uint64_t seed) {
 }
 
 int pt_open_job(const char *cfg_name, void *world, int n, prov_t **eps, char *err, size_t errlen) {
+  prov_config_t base = {.name = cfg_name};
+
+  return pt_open_job_cfg(&base, world, n, eps, err, errlen);
+}
+
+int pt_open_job_cfg(const prov_config_t *base, void *world, int n, prov_t **eps, char *err,
+                    size_t errlen) {
   static unsigned job_seq;
   char job[64];
   void *addrs[n];
@@ -118,8 +125,12 @@ int pt_open_job(const char *cfg_name, void *world, int n, prov_t **eps, char *er
   memset(eps, 0, sizeof(eps[0]) * (size_t)n);
   memset(addrs, 0, sizeof(addrs));
   for (i = 0; i < n; i++) {
-    prov_config_t cfg = {
-        .name = cfg_name, .rank = i, .nranks = n, .job_id = job, .inproc_world = world};
+    prov_config_t cfg = *base;
+
+    cfg.rank = i;
+    cfg.nranks = n;
+    cfg.job_id = job;
+    cfg.inproc_world = world;
 
     rc = prov_open(&cfg, &eps[i], err, errlen);
     if (rc)

@@ -48,6 +48,10 @@ size_t pt_check(const void *buf, size_t len, uint64_t seed);
  * adds the peers. cfg_name: provider name. world: inproc world or NULL.
  * Returns 0 or the failing code, with the reason in err. */
 int pt_open_job(const char *cfg_name, void *world, int n, prov_t **eps, char *err, size_t errlen);
+/* The same with more settings: base gives the name and anything else
+ * (faults...); rank, nranks, job_id and inproc_world are filled in. */
+int pt_open_job_cfg(const prov_config_t *base, void *world, int n, prov_t **eps, char *err,
+                    size_t errlen);
 void pt_close_job(prov_t **eps, int n);
 
 /* Arms p, progressing it while arm() says -EAGAIN; true once armed. */
