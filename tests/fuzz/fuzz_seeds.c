@@ -5,7 +5,8 @@
  *   DIR/fuzz_boot_client/seed-*   a server's Welcome and Gathered answers
  *   DIR/fuzz_select/seed-*        one override per (collective, algorithm)
  *   DIR/fuzz_topo/seed-*, DIR/fuzz_settings/seed-*
- *   DIR/fuzz_select.dict
+ *   DIR/fuzz_fault_spec/seed-*    fault plans using every kind and key
+ *   DIR/fuzz_select.dict, DIR/fuzz_fault_spec.dict
  * Valid inputs let the fuzzers start deep in each decoder instead of
  * guessing protobuf framing from nothing.
  */
@@ -271,6 +272,45 @@ static void settings_seeds(void) {
     save("fuzz_settings", &n, seeds[i], strlen(seeds[i]));
 }
 
+static void fault_spec_seeds(void) {
+  static const char *const seeds[] = {
+      /* the example of prov.h and the README */
+      ("seed=7;drop:p=0.01;delay:ms=50,p=0.1;dup:p=0.01;reorder:p=0.05;corrupt:p=0.001;"
+       "kill:rank=3,at=allreduce#100;stall:rank=1,at=#40,s=30"),
+      "drop:rank=0,peer=2,p=1;dup:from=#3,to=#9,n=2;corrupt:at=#5",
+      " seed = 42 ; delay : ms = 5 , p = .5 ; reorder:n=3 ;",
+      "stall:rank=0,at=reduce_scatter#2,s=0.25,p=0.5;kill:rank=1,at=#18446744073709551615",
+      "drop:p=1e-300;drop:p=0.30000000000000004;stall:rank=2,at=bcast#1,s=6e5",
+      "",
+  };
+  /* dictionary words, separated by spaces */
+  static const char words[] = "seed drop delay dup reorder corrupt kill stall p ms s rank peer at "
+                              "from to n allreduce bcast reduce allgather reduce_scatter "
+                              "alltoall gather scatter barrier send recv = ; , : # e- .5 0.";
+  char path[4096];
+  FILE *dict;
+  int n = 0;
+
+  for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++)
+    save("fuzz_fault_spec", &n, seeds[i], strlen(seeds[i]));
+  snprintf(path, sizeof(path), "%s/fuzz_fault_spec.dict", root);
+  dict = fopen(path, "w");
+  if (!dict) {
+    perror(path);
+    exit(1);
+  }
+  for (const char *w = words, *e; *w; w = *e ? e + 1 : e) {
+    e = strchr(w, ' ');
+    if (!e)
+      e = w + strlen(w);
+    fprintf(dict, "\"%.*s\"\n", (int)(e - w), w);
+  }
+  if (fclose(dict)) {
+    perror(path);
+    exit(1);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: fuzz_seeds DIR\n");
@@ -286,5 +326,6 @@ int main(int argc, char **argv) {
   select_seeds();
   topo_seeds();
   settings_seeds();
+  fault_spec_seeds();
   return 0;
 }
