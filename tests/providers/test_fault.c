@@ -196,6 +196,17 @@ Test(fault, parse_limits) {
   cr_assert_eq(plan->nrules, 0);
   fault_plan_free(plan);
 
+  /* within 4096 bytes as given, over them written out (6e5 is 600000): it
+   * could not parse back, so it is refused */
+  static const char *longest =
+      "stall:rank=2147483647,at=reduce_scatter#18446744073709551615,s=6e5,p=.5";
+  o = 0;
+  for (int i = 0; i < 56; i++)
+    o += (size_t)snprintf(spec + o, sizeof(spec) - o, "%s%s", i ? ";" : "", longest);
+  cr_assert_leq(o, FAULT_SPEC_MAX);
+  cr_assert_eq(fault_plan_parse(spec, &plan, err, sizeof(err)), -EINVAL);
+  cr_assert(strstr(err, "written out canonically it takes 4255 bytes"), "%s", err);
+
   /* an error message longer than the buffer is cut, still terminated */
   cr_assert_eq(fault_plan_parse("explode:p=1", &plan, err, 10), -EINVAL);
   cr_assert_eq(strlen(err), 9);
