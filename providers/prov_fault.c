@@ -620,6 +620,41 @@ static void release_reordered(struct fault_ep *m, int peer, struct fault_rec *ex
   }
 }
 
+/* Counts an injection of rule i (stats, n=) and journals it. */
+static void note_injection(struct fault_ep *m, int i, int peer, uint64_t tag, size_t len,
+                           size_t bit) {
+  const fault_rule_t *rule = &m->plan->rules[i];
+
+  m->injected[i]++;
+  switch (rule->kind) {
+  case FAULT_DROP:
+    m->stats.drop++;
+    journal(m, FAULT_DROP, peer, tag, "rule %d: dropped, %zu bytes", i + 1, len);
+    break;
+  case FAULT_DELAY:
+    m->stats.delay++;
+    journal(m, FAULT_DELAY, peer, tag, "rule %d: held %u ms, %zu bytes", i + 1, (unsigned)rule->ms,
+            len);
+    break;
+  case FAULT_DUP:
+    m->stats.dup++;
+    journal(m, FAULT_DUP, peer, tag, "rule %d: sent twice, %zu bytes", i + 1, len);
+    break;
+  case FAULT_REORDER:
+    m->stats.reorder++;
+    journal(m, FAULT_REORDER, peer, tag, "rule %d: held for the next send to peer %d, %zu bytes",
+            i + 1, peer, len);
+    break;
+  case FAULT_CORRUPT:
+    m->stats.corrupt++;
+    journal(m, FAULT_CORRUPT, peer, tag, "rule %d: bit %zu of byte %zu flipped, %zu bytes", i + 1,
+            bit % 8, bit / 8, len);
+    break;
+  default:
+    break;
+  }
+}
+
 static int fault_post_send(prov_t *p, int peer, const void *buf, size_t len, uint64_t tag,
                            prov_op_t *op) {
   struct fault_ep *m = to_fault(p);
@@ -727,34 +762,8 @@ static int fault_post_send(prov_t *p, int peer, const void *buf, size_t len, uin
   m->stats.sends++;
   if (m->transport)
     count_bump(m, peer, tag);
-  if (kind >= 0) {
-    m->injected[d.rule]++;
-    switch (kind) {
-    case FAULT_DROP:
-      m->stats.drop++;
-      journal(m, FAULT_DROP, peer, tag, "rule %d: dropped, %zu bytes", d.rule + 1, len);
-      break;
-    case FAULT_DELAY:
-      m->stats.delay++;
-      journal(m, FAULT_DELAY, peer, tag, "rule %d: held %u ms, %zu bytes", d.rule + 1,
-              (unsigned)rule->ms, len);
-      break;
-    case FAULT_DUP:
-      m->stats.dup++;
-      journal(m, FAULT_DUP, peer, tag, "rule %d: sent twice, %zu bytes", d.rule + 1, len);
-      break;
-    case FAULT_REORDER:
-      m->stats.reorder++;
-      journal(m, FAULT_REORDER, peer, tag, "rule %d: held for the next send to peer %d, %zu bytes",
-              d.rule + 1, peer, len);
-      break;
-    case FAULT_CORRUPT:
-      m->stats.corrupt++;
-      journal(m, FAULT_CORRUPT, peer, tag, "rule %d: bit %zu of byte %zu flipped, %zu bytes",
-              d.rule + 1, bit % 8, bit / 8, len);
-      break;
-    }
-  }
+  if (kind >= 0)
+    note_injection(m, d.rule, peer, tag, len, bit);
   if (extra) {
     rc = rec_post(m, extra);
     if (rc == -EAGAIN)
