@@ -33,6 +33,7 @@
 #define _GNU_SOURCE /* sched_getaffinity */
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,7 @@
 #include "algos/algos.h"
 #include "comm.h"
 #include "eng.h"
+#include "fault.h"
 #include "fsm.h"
 #include "select.h"
 #include "topo.h"
@@ -711,6 +713,27 @@ static void sel_memo_put(chorus_comm_t *c, const algo_args_t *a, const algo_desc
 
 /* Validates, selects, compiles: a request ready to start (not yet handed
  * to the progress thread). */
+/* CHORUS_FAULTS kill and stall rules, as this rank begins call #seq. */
+static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
+  double s = 0;
+  char why[96];
+  switch (fault_plan_on_call(c->faults, c->rank, coll_kind_str(coll), seq, &s)) {
+  case FAULT_CALL_KILL:
+    eng_log(ENG_WARN, c->rank, "fault", "killing this rank at #%llu %s (CHORUS_FAULTS)",
+            (unsigned long long)seq, coll_kind_str(coll));
+    fflush(NULL);
+    raise(SIGKILL);
+    break;
+  case FAULT_CALL_STALL:
+    snprintf(why, sizeof(why), "injected at #%llu %s by CHORUS_FAULTS", (unsigned long long)seq,
+             coll_kind_str(coll));
+    comm_stall(c, s, why);
+    break;
+  default:
+    break;
+  }
+}
+
 static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus_request_t **out) {
   const bool multi = k->multi;
   coll_role_t ro = {0};
@@ -822,6 +845,8 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
       snprintf(call.algo, sizeof(call.algo), "%s", d->name);
       ckpt_begin(&c->ckpt, &call);
     }
+    if (c->faults)
+      call_faults(c, k->coll, r->call_seq);
   }
   r->next_live = c->live;
   if (c->live)

@@ -29,6 +29,7 @@
 #include "endpoint.pb-c.h"
 #include "eng.h"
 #include "fsm.h"
+#include "fault.h"
 #include "topo.h"
 #include "watch.h"
 
@@ -278,7 +279,8 @@ static void request_exec_done(exec_t *ex, int status, void *arg) {
     c->parked = req;
     return;
   }
-  if (why && (status == CHORUS_ERR_MISMATCH || status == CHORUS_ERR_DIVERGED)) {
+  if (why && (status == CHORUS_ERR_MISMATCH || status == CHORUS_ERR_DIVERGED ||
+              status == CHORUS_ERR_CORRUPT)) {
     /* the whole communicator fails: peers may wait for us in this call */
     comm_fail(req->comm, (chorus_result)status, why);
     request_complete_text(req, (chorus_result)status, why);
@@ -588,6 +590,7 @@ void comm_free(chorus_comm_t *c) {
   pthread_mutex_destroy(&c->prog_lock);
   pthread_cond_destroy(&c->cond);
   ckpt_fini(&c->ckpt);
+  fault_plan_free(c->faults);
   free(c);
 }
 
@@ -687,6 +690,15 @@ chorus_result comm_open_transport(chorus_comm_t *c) {
                        .inproc_world = c->local ? c->local->world : NULL,
                        .host_of = c->topo ? c->topo->host_of : NULL,
                        .shm_bounce = shm_bounce(c)};
+  if (c->set.faults[0]) {
+    if (fault_plan_parse(c->set.faults, &c->faults, err, sizeof(err)))
+      return comm_error(c, CHORUS_ERR_ENV, "CHORUS_FAULTS: %s", err);
+    /* the sequence field of exec_tag(): collective numbers in tags */
+    cfg.faults = c->set.faults;
+    cfg.fault_tag_seq_shift = 24;
+    cfg.fault_tag_seq_bits = 16;
+    eng_log(ENG_WARN, c->rank, "fault", "fault injection on: %s", c->set.faults);
+  }
   int rc = prov_open(&cfg, &c->prov, err, sizeof(err));
   if (rc)
     return comm_error(c, CHORUS_ERR_TRANSPORT, "opening transport '%s' failed: %s", name, err);
@@ -822,6 +834,7 @@ chorus_result comm_start(chorus_comm_t *c) {
   c->ex.comm_id = 0;
   c->ex.scratch_keep = c->set.buffsize;
   c->ex.trace = c->set.trace;
+  c->ex.checksum = c->set.checksum;
   size_t pm = c->prov->ops->max_posted(c->prov);
   c->ex.max_posted = c->set.max_posted < pm ? c->set.max_posted : pm;
   if (c->ex.max_posted == 0)
@@ -974,8 +987,11 @@ CHORUS_API chorus_result chorus_comm_destroy(chorus_comm_t *comm) {
     pthread_mutex_unlock(&comm->lock);
   }
   /* Nobody may close while a peer still reads from or writes to it. After
-   * a failure peers may be gone or elsewhere: no rendezvous then. */
-  if (comm->size > 1 && !atomic_load(&comm->async_rc) && !atomic_load(&comm->failed_any)) {
+   * a failure peers may be gone or elsewhere: no rendezvous then (a peer
+   * already in it fails at once: the server sees us leave). The threads of
+   * an in-process job are all there: they always meet. */
+  bool failed = atomic_load(&comm->async_rc) || atomic_load(&comm->failed_any);
+  if (comm->size > 1 && (comm->local || !failed)) {
     void **ptrs = NULL;
     size_t *lens = NULL;
     if (comm_allgather(comm, "", 0, &ptrs, &lens, comm->set.connect_timeout_s) == 0) {

@@ -112,8 +112,9 @@ struct chorus_comm {
    * them better (the peer died, diverged...) */
   chorus_request_t *parked;
   uint64_t parked_until;
-  struct watch *watch;     /* heartbeat client (watch.c); NULL when none */
-  int64_t clock_offset_ns; /* add to our CLOCK_MONOTONIC: rank 0's clock */
+  struct watch *watch;       /* heartbeat client (watch.c); NULL when none */
+  struct fault_plan *faults; /* CHORUS_FAULTS, parsed: call faults (kill, stall) */
+  int64_t clock_offset_ns;   /* add to our CLOCK_MONOTONIC: rank 0's clock */
   /* An injected stall (fault injection, tests): until then the progress
    * engine does nothing, so the rank looks frozen to its peers. */
   _Atomic uint64_t stall_until_ns;

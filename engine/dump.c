@@ -41,14 +41,18 @@ static void call_to(Chorus__Trace__Call *o, const ckpt_call_t *k) {
 
 /* Pending steps, read under prog_lock (the executor's owner), waited for
  * at most a second: a stuck executor still gets its rank dumped. */
-static size_t read_pending(chorus_comm_t *c, exec_pending_t *out, size_t max) {
+static size_t read_pending(chorus_comm_t *c, exec_pending_t *out, size_t max,
+                           prov_fault_event_t *fev, int *nfev) {
   struct timespec ts;
   size_t n = 0;
 
+  *nfev = 0;
   clock_gettime(CLOCK_REALTIME, &ts);
   ts.tv_sec += 1;
   if (pthread_mutex_timedlock(&c->prog_lock, &ts) == 0) {
     n = exec_pending(&c->ex, out, max);
+    int k = c->prov && fev ? prov_fault_events(c->prov, fev, PROV_FAULT_JOURNAL) : -1;
+    *nfev = k > 0 ? k : 0;
     pthread_mutex_unlock(&c->prog_lock);
   }
   return n;
@@ -77,7 +81,9 @@ int dump_write(chorus_comm_t *c, const char *dir, int reason, int culprit, int s
 
   /* pending steps */
   exec_pending_t *pend = calloc(DUMP_MAX_PENDING, sizeof(*pend));
-  size_t npend = pend ? read_pending(c, pend, DUMP_MAX_PENDING) : 0;
+  prov_fault_event_t *fev = calloc(PROV_FAULT_JOURNAL, sizeof(*fev));
+  int nfev = 0;
+  size_t npend = pend ? read_pending(c, pend, DUMP_MAX_PENDING, fev, &nfev) : 0;
   Chorus__Trace__Step *steps = calloc(npend ? npend : 1, sizeof(*steps));
   Chorus__Trace__Step **p_steps = calloc(npend ? npend : 1, sizeof(*p_steps));
   if (!steps || !p_steps)
@@ -170,6 +176,34 @@ int dump_write(chorus_comm_t *c, const char *dir, int reason, int culprit, int s
     p_tr[i] = &tr[i];
   }
 
+  /* injected faults: the transport's journal, and a stall of this rank */
+  Chorus__Trace__Fault *flt = calloc((size_t)nfev + 1, sizeof(*flt));
+  Chorus__Trace__Fault **p_flt = calloc((size_t)nfev + 1, sizeof(*p_flt));
+  char(*fdet)[160] = calloc((size_t)nfev + 1, sizeof(*fdet));
+  size_t nflt = 0;
+  for (int i = 0; flt && p_flt && fdet && i < nfev; i++) {
+    Chorus__Trace__Fault *f = &flt[nflt];
+    chorus__trace__fault__init(f);
+    f->t_ns = fev[i].t_ns;
+    f->kind = (char *)fev[i].kind;
+    f->peer = fev[i].peer;
+    f->seq = (fev[i].tag >> 24) & 0xffff; /* exec_tag(): the call number's low 16 bits */
+    snprintf(fdet[nflt], sizeof(fdet[nflt]), "%s (tag %#llx)", fev[i].detail,
+             (unsigned long long)fev[i].tag);
+    f->detail = fdet[nflt];
+    p_flt[nflt++] = f;
+  }
+  if (flt && p_flt && fdet && atomic_load(&c->stall_until_ns)) {
+    Chorus__Trace__Fault *f = &flt[nflt];
+    chorus__trace__fault__init(f);
+    f->t_ns = fsm_now_ns();
+    f->kind = "stall";
+    f->peer = -1;
+    snprintf(fdet[nflt], sizeof(fdet[nflt]), "progress engine stalled: %s", c->stall_why);
+    f->detail = fdet[nflt];
+    p_flt[nflt++] = f;
+  }
+
   const char *h = c->boot ? boot_host_of(c->boot, c->rank) : NULL;
   if (!h) {
     boot_host_identity(host, sizeof(host));
@@ -193,6 +227,8 @@ int dump_write(chorus_comm_t *c, const char *dir, int reason, int culprit, int s
   d.n_journal = nrec;
   d.journal = p_tr;
   d.journal_dropped = total > nrec ? total - nrec : 0;
+  d.n_faults = nflt;
+  d.faults = p_flt;
 
   size_t len = chorus__trace__dump__get_packed_size(&d);
   uint8_t *buf = malloc(len ? len : 1);
@@ -222,6 +258,10 @@ int dump_write(chorus_comm_t *c, const char *dir, int reason, int culprit, int s
     snprintf(path, pathlen, "%s", fname);
   eng_log(ENG_INFO, c->rank, "trace", "dump written: %s (%zu bytes)", fname, len);
 out:
+  free(flt);
+  free(p_flt);
+  free(fdet);
+  free(fev);
   free(buf);
   free(tr);
   free(p_tr);

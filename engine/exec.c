@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "ckpt.h"
+#include "crc32c.h"
 
 #include "eng.h"
 #include "exec.h"
@@ -237,6 +238,56 @@ static int fp_mismatch(exec_t *ex, const plan_step_t *ps, uint64_t theirs, size_
   return diverged ? CHORUS_ERR_DIVERGED : CHORUS_ERR_MISMATCH;
 }
 
+/* CHORUS_CHECKSUM: the immediate data is a 31-bit hash of the fingerprint
+ * above the message's CRC-32C. */
+static uint64_t fp_hash31(uint64_t fp) {
+  fp ^= fp >> 31;
+  fp *= 0x9e3779b97f4a7c15ull;
+  return (fp >> 33) & 0x7fffffffu;
+}
+
+static uint64_t send_data(const exec_t *ex, const void *buf, size_t bytes) {
+  if (!ex->ctx->checksum)
+    return ex->fp;
+  return fp_hash31(ex->fp) << 32 | crc32c(buf, bytes);
+}
+
+/* With checksums: 0, or the step's failure (why set). */
+static int check_sum(exec_t *ex, exec_step_t *st, const plan_step_t *ps, uint64_t data,
+                     size_t len) {
+  char buf[320];
+  if (!(data & PROV_DATA_VALID))
+    return 0;
+  data &= ~PROV_DATA_VALID;
+  if (ex->fp && (data >> 32) != fp_hash31(ex->fp)) {
+    char mine[96];
+    fp_format(ex->fp, mine, sizeof(mine));
+    snprintf(buf, sizeof(buf),
+             "collective #%llu: rank %d called %s but the message of rank %d belongs to "
+             "another call (its fingerprint differs; is CHORUS_CHECKSUM set alike on every "
+             "rank?)",
+             (unsigned long long)ex->call_seq, ex->ctx->rank, mine, ps->peer);
+    if (!ex->why)
+      ex->why = strdup(buf);
+    eng_log(ENG_ERR, ex->ctx->rank, "exec", "%s", buf);
+    return CHORUS_ERR_MISMATCH;
+  }
+  const void *got = st->op.borrowed ? st->op.borrowed : at(ex, ps->dst);
+  uint32_t crc = crc32c(got, len);
+  if (crc == (uint32_t)data)
+    return 0;
+  snprintf(buf, sizeof(buf),
+           "collective #%llu: the message from rank %d to rank %d (msg %u, %zu bytes) failed "
+           "its checksum (CRC-32C %08x, sent as %08x): corrupted on the link from rank %d to "
+           "rank %d",
+           (unsigned long long)ex->call_seq, ps->peer, ex->ctx->rank, ps->msg, len, crc,
+           (uint32_t)data, ps->peer, ex->ctx->rank);
+  if (!ex->why)
+    ex->why = strdup(buf);
+  eng_log(ENG_ERR, ex->ctx->rank, "exec", "%s", buf);
+  return CHORUS_ERR_CORRUPT;
+}
+
 static void step_done(prov_op_t *op, int status, size_t len) {
   exec_step_t *st = (exec_step_t *)((char *)op - offsetof(exec_step_t, op));
   exec_t *ex = st->ex;
@@ -251,8 +302,14 @@ static void step_done(prov_op_t *op, int status, size_t len) {
     return;
   const plan_step_t *ps = &ex->plan->steps[st->index];
   uint64_t theirs = op->data & ~PROV_DATA_VALID;
-  if (ps->kind == STEP_RECV && ex->fp && (op->data & PROV_DATA_VALID) && theirs &&
-      theirs != ex->fp && (status == 0 || status == -EMSGSIZE)) {
+  int bad = 0;
+  if (ps->kind == STEP_RECV && status == 0 && len == ps->bytes && ex->ctx->checksum &&
+      (bad = check_sum(ex, st, ps, op->data, len))) {
+    ev.sig = E_ERROR;
+    ev.arg = bad;
+  } else if (ps->kind == STEP_RECV && !ex->ctx->checksum && ex->fp &&
+             (op->data & PROV_DATA_VALID) && theirs && theirs != ex->fp &&
+             (status == 0 || status == -EMSGSIZE)) {
     ev.sig = E_ERROR;
     ev.arg = fp_mismatch(ex, ps, theirs, len);
   } else if (status == -EMSGSIZE) {
@@ -439,7 +496,7 @@ static int post_step(exec_ctx_t *ctx, exec_t *ex, uint32_t idx) {
   int rc;
 
   if (ps->kind == STEP_SEND) {
-    st->op.data = ex->fp;
+    st->op.data = send_data(ex, at(ex, ps->src), ps->bytes);
     rc = ctx->prov->ops->post_send(ctx->prov, ps->peer, at(ex, ps->src), ps->bytes,
                                    exec_tag(ctx->rank, ctx->comm_id, ex->seq, ps->msg | ex->msg_or),
                                    &st->op);

@@ -32,6 +32,7 @@ typedef struct exec_ctx {
   size_t posted_sends, posted_recvs;
   bool stalled;   /* the last drive met -EAGAIN: retry on a timer, not on the fd */
   bool trace;     /* time-stamp steps (CHORUS_TRACE) for dumps and the watchdog */
+  bool checksum;  /* CHORUS_CHECKSUM: immediate data = fingerprint hash | CRC-32C */
   exec_t *active; /* running plans, oldest first */
   exec_t *active_tail;
   void *scratch;       /* cached scratch buffer, lent to one plan at a time */

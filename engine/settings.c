@@ -136,6 +136,15 @@ static const struct setting settings_table[] = {
      "timeout, divergence, lost peer, abort, SIGUSR1, a fatal signal or chorus_comm_dump(); "
      "empty = no dumps",
      FIELD(trace_dir), 0, 0},
+    {"CHORUS_CHECKSUM", SET_BOOL, "0",
+     "end-to-end CRC-32C of every message, checked by its receiver: a corrupted message fails "
+     "with CHORUS_ERR_CORRUPT naming the link instead of a wrong result (costs a pass over the "
+     "data on each side; set it alike on every rank)",
+     FIELD(checksum), 0, 1},
+    {"CHORUS_FAULTS", SET_STRING, "",
+     "fault injection, e.g. seed=7;drop:p=0.01;delay:ms=50,p=0.1;kill:rank=3,at=allreduce#100;"
+     "stall:rank=1,at=#40,s=30 (see README); empty = none",
+     FIELD(faults), 0, 0},
 
     {"CHORUS_RANK", SET_LAUNCH, NULL, "this process's rank (chorus-run or by hand)", LAUNCH},
     {"CHORUS_WORLD_SIZE", SET_LAUNCH, NULL, "number of ranks in the job", LAUNCH},

@@ -37,6 +37,8 @@ typedef struct chorus_settings {
   double peer_timeout_s;    /* CHORUS_PEER_TIMEOUT: a rank silent this long is lost */
   int watchdog_ms;          /* CHORUS_WATCHDOG_MS: heartbeat and check period */
   char trace_dir[512];      /* CHORUS_TRACE_DIR: where dumps go; "" = none */
+  bool checksum;            /* CHORUS_CHECKSUM: CRC-32C of every message, checked */
+  char faults[4100];        /* CHORUS_FAULTS: fault injection spec (providers/fault.h) */
 } chorus_settings_t;
 
 /* Read and validate the whole table from the environment.

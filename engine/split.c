@@ -332,6 +332,7 @@ CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int k
     c = members && me >= 0 ? comm_alloc(me, n) : NULL;
     if (c) {
       c->set = comm->set;
+      c->set.faults[0] = '\0'; /* faults target the world's call numbers */
       c->topo = topo_sub(comm->topo, members, n);
     }
     if (!c || !c->topo)

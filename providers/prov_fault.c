@@ -997,6 +997,11 @@ int prov_fault_stall(prov_t *p, double seconds) {
   return 0;
 }
 
+static int fault_reap(prov_t *p) {
+  prov_t *c = to_fault(p)->child;
+  return c && c->ops->reap ? c->ops->reap(c) : 0;
+}
+
 const prov_ops_t prov_fault_ops = {
     .size = sizeof(prov_ops_t),
     .name = "fault",
@@ -1013,6 +1018,7 @@ const prov_ops_t prov_fault_ops = {
     .max_posted = fault_max_posted,
     .close = fault_close,
     .release = fault_release,
+    .reap = fault_reap,
 };
 
 static const prov_ops_t fault_ops_no_release = {
@@ -1031,4 +1037,5 @@ static const prov_ops_t fault_ops_no_release = {
     .max_posted = fault_max_posted,
     .close = fault_close,
     .release = NULL,
+    .reap = fault_reap,
 };
