@@ -394,9 +394,10 @@ static bool check_conflict(wsrv_t *w) {
   }
 
   /* the largest group of agreeing ranks (ties: the one with the lowest rank) */
-  int *votes = calloc((size_t)n, sizeof(int));
-  int *bad = calloc((size_t)n, sizeof(int));
-  int *good = calloc((size_t)n, sizeof(int));
+  const size_t nz = n > 0 ? (size_t)n : 1;
+  int *votes = calloc(nz, sizeof(int));
+  int *bad = calloc(nz, sizeof(int));
+  int *good = calloc(nz, sizeof(int));
   if (!votes || !bad || !good) {
     free(votes);
     free(bad);
@@ -539,7 +540,7 @@ static bool check_timeout(wsrv_t *w) {
             (double)q1 / 1000.0, qmax);
     return true;
   }
-  bool *seen = calloc((size_t)n, sizeof(bool));
+  bool *seen = calloc(n > 0 ? (size_t)n : 1, sizeof(bool));
   if (!seen)
     return false;
   int x = -1;

@@ -129,9 +129,14 @@ static void check_sizes(const char *name) {
       cr_assert_eq(r[d][i].len, sizes[i]);
       cr_assert_eq(pt_check(r[d][i].buf, sizes[i], 100 * d + i), (size_t)-1, "size %zu: wrong data",
                    sizes[i]);
-      cr_assert_eq(r[d][i].op.data,
-                   PROV_DATA_VALID | (0x0123456789abcdefULL ^ (uint64_t)(d * N + i)),
-                   "size %zu: immediate data %#llx", sizes[i], (unsigned long long)r[d][i].op.data);
+      /* The sockets provider (deprecated upstream) sometimes completes a
+       * large message that arrived before its receive without its remote
+       * CQ data: then the data is absent, never wrong (the engine skips
+       * the fingerprint check of such a message). */
+      uint64_t want = PROV_DATA_VALID | (0x0123456789abcdefULL ^ (uint64_t)(d * N + i));
+      bool absent_ok = strcmp(name, "sockets") == 0 && r[d][i].op.data == 0;
+      cr_assert(r[d][i].op.data == want || absent_ok, "size %zu: immediate data %#llx", sizes[i],
+                (unsigned long long)r[d][i].op.data);
       free(s[d][i].buf);
       free(r[d][i].buf);
     }
