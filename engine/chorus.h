@@ -155,6 +155,14 @@ CHORUS_API chorus_result chorus_comm_get_async_error(chorus_comm_t *comm, chorus
  * the ranks' files comparable. SIGUSR1 does the same for every
  * communicator with a watchdog when CHORUS_TRACE_DIR is set. */
 CHORUS_API chorus_result chorus_comm_dump(chorus_comm_t *comm, const char *dir);
+/* After a failure: a new communicator of the ranks still alive (all but
+ * those the watchdog's verdict declared lost), in their old order, without
+ * a new rendezvous (collective over the survivors; every one calls it).
+ * comm stays failed: destroy it afterwards. The new communicator has no
+ * watchdog of its own (rank 0's server may be gone): fingerprints still
+ * catch mismatched calls; a later loss there shows as a transport error.
+ * CHORUS_ERR_UNSUPPORTED for in-process jobs. */
+CHORUS_API chorus_result chorus_comm_shrink(chorus_comm_t *comm, chorus_comm_t **newcomm);
 
 /* Name of the algorithm the last collective call on comm runs ("ring",
  * "tree", ...; "" before any), for logs and benchmarks. Never NULL. */

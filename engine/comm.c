@@ -73,6 +73,16 @@ chorus_result comm_fail(chorus_comm_t *c, chorus_result rc, const char *text) {
   return now;
 }
 
+void comm_note_lost(chorus_comm_t *c, const uint32_t *lost, size_t n) {
+  pthread_mutex_lock(&c->lock);
+  if (!c->lost)
+    c->lost = calloc((size_t)c->size, sizeof(bool));
+  for (size_t i = 0; c->lost && i < n; i++)
+    if (lost[i] < (uint32_t)c->size)
+      c->lost[lost[i]] = true;
+  pthread_mutex_unlock(&c->lock);
+}
+
 void comm_stall(chorus_comm_t *c, double seconds, const char *why) {
   snprintf(c->stall_why, sizeof(c->stall_why), "%s", why ? why : "");
   atomic_store(&c->stall_until_ns, fsm_now_ns() + (uint64_t)(seconds * 1e9));
@@ -303,7 +313,7 @@ static size_t start_commands(chorus_comm_t *c) {
     head = head->next_cmd;
     req->next_cmd = NULL;
     chorus_result failed = (chorus_result)atomic_load(&c->async_rc);
-    if (failed) {
+    if (failed && !req->internal) {
       request_complete(req, failed);
       continue;
     }
@@ -591,6 +601,7 @@ void comm_free(chorus_comm_t *c) {
   pthread_cond_destroy(&c->cond);
   ckpt_fini(&c->ckpt);
   fault_plan_free(c->faults);
+  free(c->lost);
   free(c);
 }
 

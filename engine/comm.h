@@ -57,6 +57,7 @@ struct chorus_request {
   uint64_t fp;       /* fingerprint its messages carry (ckpt.h); 0: none */
   uint64_t count;    /* as called, for messages */
   chorus_request_t *next_parked; /* failed by the transport, waiting for the verdict */
+  bool internal;                 /* a round of the engine's own that runs on a failed comm */
   uint8_t coll;                  /* coll_kind, for messages */
   bool submitted;                /* handed to the progress thread (false while queued in a group) */
   bool grouped; /* a blocking call queued in a group: chorus_group_end releases it */
@@ -112,6 +113,7 @@ struct chorus_comm {
    * them better (the peer died, diverged...) */
   chorus_request_t *parked;
   uint64_t parked_until;
+  bool *lost; /* [size], under lock: ranks the watchdog's verdict declared lost */
   struct watch *watch;       /* heartbeat client (watch.c); NULL when none */
   struct fault_plan *faults; /* CHORUS_FAULTS, parsed: call faults (kill, stall) */
   int64_t clock_offset_ns;   /* add to our CLOCK_MONOTONIC: rank 0's clock */
@@ -181,6 +183,8 @@ chorus_result comm_xport_allgather(chorus_comm_t *c, const void *mine, size_t le
  * pending runs are failed with rc by the executor, later calls fail at
  * once, text becomes their message. Returns the code in force. */
 chorus_result comm_fail(chorus_comm_t *c, chorus_result rc, const char *text);
+/* The ranks a verdict declared lost (watch.c; any thread). */
+void comm_note_lost(chorus_comm_t *c, const uint32_t *lost, size_t n);
 /* Freezes c's progress engine for `seconds` (fault injection; any thread). */
 void comm_stall(chorus_comm_t *c, double seconds, const char *why);
 

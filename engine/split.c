@@ -47,7 +47,7 @@
 /* Every rank's block into recv[rank*CTL_BLOCK]: one message to each peer
  * (message number = receiver's rank, so unique per sender) and a copy of
  * our own block. No dependencies: every step is ready at once. */
-static int ctl_plan_build(int rank, int n, plan_t **out) {
+static int ctl_plan_build(int rank, int n, const bool *alive, plan_t **out) {
   plan_builder_t b;
   int rc;
 
@@ -55,6 +55,8 @@ static int ctl_plan_build(int rank, int n, plan_t **out) {
                              false)))
     return rc;
   for (int p = 0; p < n; p++) {
+    if (alive && !alive[p] && p != rank)
+      continue; /* shrink: nothing to or from a lost rank */
     if (p == rank) {
       plan_step_t cp = {.kind = STEP_COPY,
                         .bytes = CTL_BLOCK,
@@ -79,16 +81,21 @@ static int ctl_plan_build(int rank, int n, plan_t **out) {
 /* One round on c's progress thread, waited for. It takes a sequence
  * number like any collective: every rank of c makes the same calls in the
  * same order. */
-static chorus_result ctl_round(chorus_comm_t *c, const void *mine, void *all) {
+static chorus_result ctl_round(chorus_comm_t *c, const void *mine, void *all, const bool *alive) {
   chorus_request_t *r;
+  plan_t *own = NULL;
 
-  if (!c->ctl_plan && ctl_plan_build(c->rank, c->size, &c->ctl_plan))
+  if (alive ? ctl_plan_build(c->rank, c->size, alive, &own)
+            : !c->ctl_plan && ctl_plan_build(c->rank, c->size, NULL, &c->ctl_plan))
     return comm_error(c, CHORUS_ERR_NO_MEMORY, "allgather: out of memory");
-  if (!(r = calloc(1, sizeof(*r))))
+  if (!(r = calloc(1, sizeof(*r)))) {
+    plan_free(own);
     return comm_error(c, CHORUS_ERR_NO_MEMORY, "allgather: out of memory");
+  }
   r->comm = c;
   r->slot = NULL;
-  r->plan = c->ctl_plan;
+  r->plan = own ? own : c->ctl_plan;
+  r->internal = alive != NULL; /* shrink runs on a failed communicator */
   r->sendbuf = mine;
   r->recvbuf = all;
   r->coll = COLL_ALLGATHER;
@@ -109,14 +116,15 @@ static chorus_result ctl_round(chorus_comm_t *c, const void *mine, void *all) {
   chorus_result ret = r->result;
   /* request_complete touches nothing of r after marking it done */
   free(r);
+  plan_free(own);
   return ret;
 }
 
-chorus_result comm_xport_allgather(chorus_comm_t *c, const void *mine, size_t len, void ***out_ptrs,
-                                   size_t **out_lens) {
+static chorus_result xport_allgather(chorus_comm_t *c, const bool *alive, const void *mine,
+                                     size_t len, void ***out_ptrs, size_t **out_lens) {
   const size_t n = (size_t)c->size, first = CTL_BLOCK - CTL_HEAD;
   uint8_t block[CTL_BLOCK];
-  uint8_t *all = malloc(n * CTL_BLOCK);
+  uint8_t *all = calloc(n, CTL_BLOCK); /* a lost rank's block stays empty */
   uint64_t *lens64 = malloc(n * sizeof(*lens64));
   void **ptrs = NULL;
   size_t *lens = NULL;
@@ -131,7 +139,7 @@ chorus_result comm_xport_allgather(chorus_comm_t *c, const void *mine, size_t le
   memcpy(block, &my_len, CTL_HEAD);
   if (len)
     memcpy(block + CTL_HEAD, mine, len < first ? len : first);
-  if ((ret = ctl_round(c, block, all)))
+  if ((ret = ctl_round(c, block, all, alive)))
     goto out;
   for (size_t i = 0; i < n; i++) {
     memcpy(&lens64[i], all + i * CTL_BLOCK, CTL_HEAD);
@@ -162,7 +170,7 @@ chorus_result comm_xport_allgather(chorus_comm_t *c, const void *mine, size_t le
     if (my_len > off)
       memcpy(block, (const uint8_t *)mine + off,
              my_len - off < CTL_BLOCK ? my_len - off : CTL_BLOCK);
-    if ((ret = ctl_round(c, block, all)))
+    if ((ret = ctl_round(c, block, all, alive)))
       goto out;
     for (size_t i = 0; i < n; i++)
       if (lens64[i] > off)
@@ -179,6 +187,11 @@ out:
   free(ptrs);
   free(lens);
   return ret;
+}
+
+chorus_result comm_xport_allgather(chorus_comm_t *c, const void *mine, size_t len, void ***out_ptrs,
+                                   size_t **out_lens) {
+  return xport_allgather(c, NULL, mine, len, out_ptrs, out_lens);
 }
 
 /* ---- split ---- */
@@ -365,6 +378,96 @@ CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int k
   }
   free(members);
   free(tab);
+  *newcomm = c;
+  return ret;
+}
+
+/* ---- shrink ----
+ *
+ * The survivors of a failure agree on who is alive without a rendezvous:
+ * the watchdog's one verdict names the lost ranks to every rank alike
+ * (comm->lost). Each survivor opens a new endpoint and the survivors
+ * exchange their records in one round over the old communicator's
+ * transport, between themselves only (it runs although that communicator
+ * failed: an internal round). Ranks keep their order. */
+CHORUS_API chorus_result chorus_comm_shrink(chorus_comm_t *comm, chorus_comm_t **newcomm) {
+  chorus_comm_t *c = NULL;
+  bool *alive = NULL;
+  int *members = NULL, n = 0, me = -1;
+  chorus_result ret = CHORUS_SUCCESS;
+
+  if (!eng_handle_valid(comm, ENG_HANDLE_COMM))
+    return eng_error(CHORUS_ERR_INVALID_COMM,
+                     "chorus_comm_shrink: not a live communicator (NULL or destroyed)");
+  if (!newcomm)
+    return comm_error(comm, CHORUS_ERR_INVALID_ARG, "comm_shrink: newcomm is NULL");
+  *newcomm = NULL;
+  if (comm->local)
+    return comm_error(comm, CHORUS_ERR_UNSUPPORTED,
+                      "comm_shrink: not for in-process jobs (their ranks can not be lost)");
+  alive = calloc((size_t)comm->size, sizeof(bool));
+  members = calloc((size_t)comm->size, sizeof(int));
+  if (!alive || !members) {
+    ret = comm_error(comm, CHORUS_ERR_NO_MEMORY, "comm_shrink: out of memory");
+    goto out;
+  }
+  pthread_mutex_lock(&comm->lock);
+  for (int i = 0; i < comm->size; i++) {
+    alive[i] = !comm->lost || !comm->lost[i];
+    if (alive[i]) {
+      if (i == comm->rank)
+        me = n;
+      members[n++] = i;
+    }
+  }
+  pthread_mutex_unlock(&comm->lock);
+  if (me < 0) {
+    ret = comm_error(comm, CHORUS_ERR_PEER_LOST,
+                     "comm_shrink: the watchdog declared this rank lost: it can not rejoin");
+    goto out;
+  }
+  c = comm_alloc(me, n);
+  if (c) {
+    c->set = comm->set;
+    c->set.faults[0] = '\0';
+    c->topo = topo_sub(comm->topo, members, n);
+  }
+  if (!c || !c->topo)
+    ret = comm_error(comm, CHORUS_ERR_NO_MEMORY, "comm_shrink: out of memory");
+  chorus_result opened = ret ? ret : comm_open_transport(c);
+  uint8_t *packed = NULL;
+  size_t plen = 0;
+  if (!opened)
+    opened = comm_pack_endpoint(c, "", &packed, &plen);
+  /* everyone alive takes part in the round, whatever failed locally */
+  void **ptrs = NULL;
+  size_t *lens = NULL;
+  chorus_result gret =
+      xport_allgather(comm, alive, packed ? (const void *)packed : "", plen, &ptrs, &lens);
+  free(packed);
+  ret = ret ? ret : opened ? opened : gret;
+  if (!ret) {
+    for (int i = 0; i < n && !ret; i++)
+      if (lens[members[i]] == 0)
+        ret = comm_error(comm, CHORUS_ERR_PEER_LOST,
+                         "comm_shrink: rank %d took part but opened no endpoint", members[i]);
+  }
+  if (!ret)
+    ret = comm_add_peer_records(c, ptrs, lens, members, false);
+  free(ptrs);
+  free(lens);
+  if (!ret && ((ret = comm_start(c)) || (ret = comm_register(c))))
+    comm_error(comm, ret, "comm_shrink: %s", c->last_error);
+  if (ret && c) {
+    comm_free(c);
+    c = NULL;
+  } else if (c) {
+    eng_log(ENG_INFO, comm->rank, "comm", "shrink: rank %d of %d survivors over %s", c->rank,
+            c->size, c->prov->name);
+  }
+out:
+  free(alive);
+  free(members);
   *newcomm = c;
   return ret;
 }

@@ -260,6 +260,8 @@ static void apply(watch_t *w, int code, int culprit, const char *text, const uin
       eng_log(ENG_WARN, c->rank, "trace", "dump into %s failed: %s", c->set.trace_dir,
               strerror(-rc));
   }
+  if (nlost)
+    comm_note_lost(c, lost, nlost);
   comm_fail(c, (chorus_result)code, text);
   atomic_store(&w->applied, true);
 }

@@ -265,3 +265,188 @@ Test(recover, dump_on_request_and_sigusr1, .timeout = 60) {
   snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
   cr_assert_eq(system(cmd), 0);
 }
+
+/* ---- shrink: continue without a new rendezvous ---- */
+
+static int shrink_rank(int rank, int size, const char *addr, void *arg) {
+  chorus_comm_t *c, *s = NULL;
+  int32_t x[70000]; /* large enough for the rendezvous paths */
+  int fds = mp_count_fds();
+  int bad = 0;
+
+  if (chorus_comm_init(&c, rank, size, addr)) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
+    return 1;
+  }
+  chorus_result rc = CHORUS_SUCCESS;
+  for (int i = 0; i < 6 && !rc; i++)
+    rc = chorus_allreduce(c, x, x, 16, CHORUS_INT32, CHORUS_SUM); /* rank 1 dies at #3 */
+  if (rc != CHORUS_ERR_PEER_LOST) {
+    fprintf(stderr, "rank %d: got %s: %s\n", rank, chorus_strerror(rc), chorus_comm_last_error(c));
+    bad = 1;
+  }
+  rc = chorus_comm_shrink(c, &s);
+  if (rc || !s) {
+    fprintf(stderr, "rank %d: shrink: %s: %s\n", rank, chorus_strerror(rc),
+            chorus_comm_last_error(c));
+    chorus_comm_destroy(c);
+    return 1;
+  }
+  int nrank = -1, nsize = -1;
+  chorus_comm_rank(s, &nrank);
+  chorus_comm_size(s, &nsize);
+  if (nsize != size - 1 || nrank != rank - (rank > 1)) {
+    fprintf(stderr, "rank %d: shrunk to rank %d of %d\n", rank, nrank, nsize);
+    bad = 1;
+  }
+  for (size_t n = 1; n <= 70000 && !bad; n *= 70) {
+    for (size_t i = 0; i < n; i++)
+      x[i] = nrank * 1000 + (int32_t)(i % 1000);
+    rc = chorus_allreduce(s, x, x, n, CHORUS_INT32, CHORUS_SUM);
+    for (size_t i = 0; !rc && i < n; i++) {
+      int32_t want = 1000 * (nsize * (nsize - 1) / 2) + nsize * (int32_t)(i % 1000);
+      if (x[i] != want) {
+        fprintf(stderr, "rank %d: count %zu element %zu is %d, want %d\n", rank, n, i, x[i], want);
+        bad = 1;
+        break;
+      }
+    }
+    if (rc) {
+      fprintf(stderr, "rank %d: allreduce of %zu after shrink: %s: %s\n", rank, n,
+              chorus_strerror(rc), chorus_comm_last_error(s));
+      bad = 1;
+    }
+  }
+  if (chorus_comm_destroy(s) || chorus_comm_destroy(c)) {
+    fprintf(stderr, "rank %d: destroy: %s\n", rank, chorus_last_error());
+    bad = 1;
+  }
+  if (mp_count_fds() != fds) {
+    fprintf(stderr, "rank %d: %d fds before, %d after\n", rank, fds, mp_count_fds());
+    bad = 1;
+  }
+  return bad;
+}
+
+static void shrink(const char *prov) {
+  char env_prov[64];
+  snprintf(env_prov, sizeof(env_prov), "CHORUS_PROVIDER=%s", prov);
+  const char *env[] = {env_prov, "CHORUS_FAULTS=kill:rank=1,at=#3", "CHORUS_WATCHDOG_MS=200", NULL};
+  mp_result_t r = mp_run(4, shrink_rank, NULL, 90, env);
+  cr_assert_eq(r.timed_out, 0, "%s: hung", prov);
+  cr_assert_eq(r.status[1], -SIGKILL, "%s: rank 1 was to be killed", prov);
+  for (int i = 0; i < 4; i++)
+    if (i != 1)
+      cr_assert_eq(r.status[i], 0, "%s: rank %d failed", prov, i);
+  cr_assert_eq(mp_count_dev_shm_of(&r, 4), 0, "%s: /dev/shm files left behind", prov);
+}
+
+Test(recover, shrink_after_kill_shm, .timeout = 120) {
+  shrink("shm");
+}
+
+Test(recover, shrink_after_kill_tcp, .timeout = 120) {
+  shrink("tcp");
+}
+
+/* ---- a frozen rank (SIGSTOP): its heartbeats stop ---- */
+
+static int frozen_rank(int rank, int size, const char *addr, void *arg) {
+  chorus_comm_t *c;
+  float x[1024] = {0};
+  int bad = 0;
+
+  if (chorus_comm_init(&c, rank, size, addr)) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
+    return 1;
+  }
+  chorus_result rc = CHORUS_SUCCESS;
+  double t_call = now_s();
+  for (int i = 0; i < 6 && !rc; i++) {
+    if (rank == 2 && i == 2) {
+      /* frozen for good; a child of ours ends it after the test's bound */
+      pid_t me = getpid();
+      if (fork() == 0) {
+        sleep_s(15);
+        kill(me, SIGKILL);
+        _exit(0);
+      }
+      raise(SIGSTOP);
+    }
+    t_call = now_s();
+    rc = chorus_allreduce(c, x, x, 1024, CHORUS_FLOAT32, CHORUS_SUM);
+  }
+  double took = now_s() - t_call;
+  if (rc != CHORUS_ERR_PEER_LOST || !strstr(chorus_comm_last_error(c), "rank 2") ||
+      !strstr(chorus_comm_last_error(c), "heartbeat") || took > 3.0 + 2.0) {
+    fprintf(stderr, "rank %d: got %s after %.1f s: %s\n", rank, chorus_strerror(rc), took,
+            chorus_comm_last_error(c));
+    bad = 1;
+  }
+  if (chorus_comm_destroy(c)) {
+    fprintf(stderr, "rank %d: destroy: %s\n", rank, chorus_last_error());
+    bad = 1;
+  }
+  return bad;
+}
+
+static void frozen(const char *prov) {
+  char env_prov[64];
+  snprintf(env_prov, sizeof(env_prov), "CHORUS_PROVIDER=%s", prov);
+  const char *env[] = {env_prov, "CHORUS_PEER_TIMEOUT=3", "CHORUS_TIMEOUT=30",
+                       "CHORUS_WATCHDOG_MS=200", NULL};
+  mp_result_t r = mp_run(4, frozen_rank, NULL, 60, env);
+  cr_assert_eq(r.timed_out, 0, "%s: hung", prov);
+  cr_assert_eq(r.status[2], -SIGKILL, "%s: rank 2 was frozen, then killed", prov);
+  for (int i = 0; i < 4; i++)
+    if (i != 2)
+      cr_assert_eq(r.status[i], 0, "%s: rank %d failed", prov, i);
+}
+
+Test(recover, frozen_rank_is_lost_shm, .timeout = 120) {
+  frozen("shm");
+}
+
+Test(recover, frozen_rank_is_lost_tcp, .timeout = 120) {
+  frozen("tcp");
+}
+
+/* ---- a fatal signal: the dying rank still leaves its dump ---- */
+
+static int fatal_rank(int rank, int size, const char *addr, void *arg) {
+  chorus_comm_t *c;
+  float x[16] = {0};
+
+  /* as in a plain program: Criterion's worker catches SIGABRT itself, and
+   * Chorus leaves a handler the application installed alone */
+  signal(SIGABRT, SIG_DFL);
+  if (chorus_comm_init(&c, rank, size, addr)) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
+    return 1;
+  }
+  if (chorus_allreduce(c, x, x, 16, CHORUS_FLOAT32, CHORUS_SUM))
+    return 1;
+  if (rank == 1)
+    abort(); /* SIGABRT: the handler has the watchdog thread write the dump first */
+  chorus_result rc = chorus_allreduce(c, x, x, 16, CHORUS_FLOAT32, CHORUS_SUM);
+  chorus_comm_destroy(c);
+  return rc != CHORUS_ERR_PEER_LOST;
+}
+
+Test(recover, fatal_signal_dumps, .timeout = 60) {
+  char dir[128], env_dir[160], cmd[400];
+  snprintf(dir, sizeof(dir), "/tmp/chorus-fatal-%d", (int)getpid());
+  snprintf(env_dir, sizeof(env_dir), "CHORUS_TRACE_DIR=%s", dir);
+  const char *env[] = {"CHORUS_PROVIDER=shm", env_dir, "CHORUS_WATCHDOG_MS=200", NULL};
+  mp_result_t r = mp_run(2, fatal_rank, NULL, 40, env);
+  cr_assert_eq(r.timed_out, 0, "hung");
+  cr_assert_eq(r.status[1], -SIGABRT, "rank 1 was to abort (status %d)", r.status[1]);
+  cr_assert_eq(r.status[0], 0, "rank 0 failed");
+  cr_assert_eq(count_traces(dir), 2, "%d dumps, want 2 (the dying rank's too)", count_traces(dir));
+  /* chorus-trace names the dead rank */
+  snprintf(cmd, sizeof(cmd), "%s/tools/chorus-trace '%s' 2>&1 | grep -q 'rank 1'", CHORUS_BUILD_DIR,
+           dir);
+  cr_assert_eq(system(cmd), 0, "chorus-trace does not name rank 1");
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
+}
