@@ -162,7 +162,10 @@ void wsrv_beat(wsrv_t *w, int rank, const Chorus__Boot__Beat *b, double now) {
   }
   if (b->reply)
     r->replied = true;
-  evaluate(w, now);
+  /* a beat only records; the tick judges (O(ranks) a tick, not a beat),
+   * unless something happened that must not wait */
+  if (b->failed || b->reply || w->polling)
+    evaluate(w, now);
 }
 
 void wsrv_bye(wsrv_t *w, int rank) {
@@ -346,30 +349,45 @@ static const char *field_diff(const wcall_t *a, const wcall_t *b, char *buf, siz
              a->op >= 0 ? chorus_op_name((chorus_op)a->op) : "?");
   else if (a->root != b->root)
     snprintf(buf, len, "root %d instead of %d", b->root, a->root);
-  else
+  else if (strcmp(a->algo, b->algo) != 0)
     snprintf(buf, len, "algorithm %s instead of %s (set CHORUS_ALGO alike on every rank)", b->algo,
              a->algo);
+  else
+    snprintf(buf, len, "fingerprint %016llx instead of %016llx", (unsigned long long)b->fp,
+             (unsigned long long)a->fp);
   return buf;
 }
 
 /* The lowest seq at which two ranks' calls differ, or UINT64_MAX. */
 static uint64_t conflict_seq(const wsrv_t *w) {
-  const int n = w->cfg.size;
+  /* O(ranks x calls): the first fingerprint seen per seq, in a small open
+   * addressing table (every rank's recent calls span few distinct seqs
+   * while the job is healthy; a full table only shortens the search) */
+  enum { TAB = 1024 };
+  struct {
+    uint64_t seq, fp;
+  } tab[TAB];
   uint64_t S = UINT64_MAX;
+  int used = 0;
 
-  for (int a = 0; a < n; a++) {
+  memset(tab, 0, sizeof(tab));
+  for (int a = 0; a < w->cfg.size; a++) {
     if (!w->r[a].have_beat || w->r[a].lost)
       continue;
     for (int k = 0; k < w->r[a].ncalls; k++) {
       const wcall_t *ca = &w->r[a].calls[k];
-      if (ca->seq >= S)
+      if (!ca->seq || ca->seq >= S)
         continue;
-      for (int b = a + 1; b < n; b++) {
-        const wcall_t *cb = w->r[b].have_beat && !w->r[b].lost ? call_at(&w->r[b], ca->seq) : NULL;
-        if (cb && cb->fp != ca->fp) {
+      size_t h = (size_t)(ca->seq * 0x9e3779b97f4a7c15ull >> 54) % TAB;
+      while (tab[h].seq && tab[h].seq != ca->seq)
+        h = (h + 1) % TAB;
+      if (tab[h].seq == ca->seq) {
+        if (tab[h].fp != ca->fp)
           S = ca->seq;
-          break;
-        }
+      } else if (used < TAB / 2) {
+        tab[h].seq = ca->seq;
+        tab[h].fp = ca->fp;
+        used++;
       }
     }
   }
@@ -393,30 +411,43 @@ static bool check_conflict(wsrv_t *w) {
             (unsigned long long)S, ci ? "present" : "absent");
   }
 
-  /* the largest group of agreeing ranks (ties: the one with the lowest rank) */
+  /* the largest group of agreeing ranks (ties: the one with the lowest rank):
+   * groups by fingerprint, made in rank order */
   const size_t nz = n > 0 ? (size_t)n : 1;
-  int *votes = calloc(nz, sizeof(int));
+  int *votes = calloc(nz, sizeof(int)); /* per group */
+  uint64_t *gfp = calloc(nz, sizeof(uint64_t));
+  int *gfirst = calloc(nz, sizeof(int));
   int *bad = calloc(nz, sizeof(int));
   int *good = calloc(nz, sizeof(int));
-  if (!votes || !bad || !good) {
+  if (!votes || !gfp || !gfirst || !bad || !good) {
     free(votes);
+    free(gfp);
+    free(gfirst);
     free(bad);
     free(good);
     return false;
   }
-  int best = -1;
+  int ngroups = 0, bestg = -1;
   for (int a = 0; a < n; a++) {
     const wcall_t *ca = w->r[a].have_beat && !w->r[a].lost ? call_at(&w->r[a], S) : NULL;
     if (!ca)
       continue;
-    for (int b = 0; b < n; b++) {
-      const wcall_t *cb = w->r[b].have_beat && !w->r[b].lost ? call_at(&w->r[b], S) : NULL;
-      if (cb && cb->fp == ca->fp)
-        votes[a]++;
+    int g = 0;
+    while (g < ngroups && gfp[g] != ca->fp)
+      g++;
+    if (g == ngroups) {
+      gfp[g] = ca->fp;
+      gfirst[g] = a;
+      ngroups++;
     }
-    if (best < 0 || votes[a] > votes[best])
-      best = a;
+    votes[g]++;
   }
+  for (int g = 0; g < ngroups; g++)
+    if (bestg < 0 || votes[g] > votes[bestg])
+      bestg = g;
+  int best = gfirst[bestg];
+  free(gfp);
+  free(gfirst);
   const wcall_t *ref = call_at(&w->r[best], S);
   int nbad = 0, ngood = 0;
   bool diverged = false;

@@ -4,15 +4,18 @@
 # heartbeats, journal) against CHORUS_TRACE=0 and CHORUS_JOURNAL=0, in
 # rounds interleaved (on, off, on, off, ...) in one run of this script, so
 # the machine's noise hits both alike. Prints per size the median busbw of
-# each and their ratio (on / off).
+# each and their ratio (on / off). --on/--off compare other settings the
+# same way (e.g. --on CHORUS_CHECKSUM=1 --off CHORUS_CHECKSUM=0).
 #
 #   scripts/bench-trace.sh [-n RANKS] [-p PROVIDER] [-c COLL] [-r ROUNDS]
-#                          [-i ITERS] [--build DIR] [SIZE...]
+#                          [-i ITERS] [--on 'VAR=V ...'] [--off 'VAR=V ...']
+#                          [--build DIR] [SIZE...]
 # Sizes default to 1M and 64M; K/M/G suffixes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ranks=2 prov=shm coll=allreduce rounds=5 iters= build=build
+on_env="CHORUS_TRACE=1" off_env="CHORUS_TRACE=0 CHORUS_JOURNAL=0"
 sizes=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -22,6 +25,8 @@ while [ $# -gt 0 ]; do
   -r) rounds=$2; shift 2 ;;
   -i) iters=$2; shift 2 ;;
   --build) build=$2; shift 2 ;;
+  --on) on_env=$2; shift 2 ;;
+  --off) off_env=$2; shift 2 ;;
   -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
   -*) echo "bench-trace.sh: unknown option $1" >&2; exit 2 ;;
   *) sizes+=("$1"); shift ;;
@@ -33,8 +38,9 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 run() { # mode size
-  local env=(CHORUS_TRACE=1)
-  [ "$1" = off ] && env=(CHORUS_TRACE=0 CHORUS_JOURNAL=0)
+  local env
+  read -r -a env <<<"$on_env"
+  [ "$1" = off ] && read -r -a env <<<"$off_env"
   local extra=()
   [ -n "$iters" ] && extra=(-n "$iters")
   env "${env[@]}" "$build/tools/chorus-run" -n "$ranks" --provider "$prov" -- \
@@ -51,7 +57,8 @@ done
 
 printf '%s, %d ranks over %s, %d rounds interleaved (median busbw, GB/s)\n' "$coll" "$ranks" \
   "$prov" "$rounds"
-printf '%-8s %12s %12s %10s\n' size trace-on trace-off on/off
+printf 'on: %s   off: %s\n' "$on_env" "$off_env"
+printf '%-8s %12s %12s %10s\n' size on off on/off
 for s in "${sizes[@]}"; do
   python3 - "$out/on-$s.jsonl" "$out/off-$s.jsonl" "$s" <<'EOF'
 import json, statistics, sys
