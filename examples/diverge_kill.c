@@ -23,11 +23,6 @@
 int main(int argc, char **argv) {
   static float grad[NGRAD], params[NPARAM];
   ex_job_t job;
-  /* chorus-run (like torchrun) sends SIGTERM to the other ranks as soon as
-   * one dies; ignored here so that the survivors live to see the loss
-   * (CHORUS_ERR_PEER_LOST, at once) and write their dumps before they exit.
-   * Ctrl-C (SIGINT) still stops the job. */
-  signal(SIGTERM, SIG_IGN);
   int st = ex_init(argc, argv, &job);
   if (st)
     return st;

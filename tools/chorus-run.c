@@ -58,7 +58,7 @@
 #define RUN_DRAIN_AFTER_EXIT 1.0 /* s to wait for pipes held by escaped processes */
 
 static const char usage_text[] =
-    "usage: chorus-run [-n N] [--provider NAME] [--timeout S] [--grace S]\n"
+    "usage: chorus-run [-n N] [--provider NAME] [--timeout S] [--linger S] [--grace S]\n"
     "                  [--tag-output | --no-tag] -- PROGRAM [ARGS...]\n"
     "\n"
     "Start N ranks of PROGRAM on this host for a Chorus job and watch them.\n"
@@ -69,6 +69,9 @@ static const char usage_text[] =
     "                     without it the variable is passed on as it is\n"
     "  --timeout S        stop the job when it runs longer than S seconds and exit 124,\n"
     "                     naming the ranks still running (default, and 0: no limit)\n"
+    "  --linger S         seconds the other ranks get to end on their own after one\n"
+    "                     failed (Chorus tells them which rank failed and why, and\n"
+    "                     they report it) before they are stopped (default 3)\n"
     "  --grace S          seconds between SIGTERM and SIGKILL when stopping ranks\n"
     "                     (default 2)\n"
     "  --tag-output       prefix every output line with \"[rank] \" (the default)\n"
@@ -96,8 +99,9 @@ static const char usage_text[] =
     "\n"
     "Failures and signals\n"
     "  When a rank exits with a non-zero status or is killed by a signal, the\n"
-    "  launcher says so (\"chorus-run: rank 2 exited with status 3\"), sends SIGTERM\n"
-    "  to the other ranks and SIGKILL to those still running after the grace period.\n"
+    "  launcher says so (\"chorus-run: rank 2 exited with status 3\"), lets the other\n"
+    "  ranks end on their own for the linger time (their calls fail, naming the rank),\n"
+    "  then sends SIGTERM to those still running and SIGKILL after the grace period.\n"
     "  Each rank runs in a process group of its own and signals go to the whole\n"
     "  group; when a rank exits, what remains of its group is killed. On Linux a\n"
     "  rank is also killed if the launcher dies.\n"
@@ -135,6 +139,7 @@ typedef struct rank {
 
 typedef enum phase {
   PHASE_RUNNING,  /* all is well so far */
+  PHASE_LINGER,   /* a rank failed: the others may end on their own until stop_at */
   PHASE_STOPPING, /* SIGTERM (or a forwarded signal) sent, waiting for the grace period */
   PHASE_KILLED,   /* SIGKILL sent to the ranks still running */
 } phase_t;
@@ -148,6 +153,8 @@ typedef struct job {
   double start;     /* monotonic time of the launch */
   phase_t phase;
   double kill_at;    /* in PHASE_STOPPING: when to send SIGKILL */
+  double stop_at;    /* in PHASE_LINGER: when to send SIGTERM */
+  double linger_s;   /* a rank failed -> SIGTERM to the others */
   int exit_code;     /* -1 until something decided it */
   int running;       /* ranks not reaped yet */
   double all_exited; /* monotonic time the last rank was reaped; 0 before */
@@ -252,6 +259,7 @@ typedef struct options {
   const char *provider; /* NULL: leave CHORUS_PROVIDER alone */
   double timeout_s;
   double grace_s;
+  double linger_s;
   int tag;
   char **argv; /* program and arguments, NULL-terminated */
 } options_t;
@@ -284,7 +292,7 @@ static double parse_seconds(const char *opt, const char *s) {
 }
 
 static void parse_options(int argc, char **argv, options_t *o) {
-  *o = (options_t){.nranks = 1, .grace_s = 2.0, .tag = 1};
+  *o = (options_t){.nranks = 1, .grace_s = 2.0, .linger_s = 3.0, .tag = 1};
   int i;
   for (i = 1; i < argc; i++) {
     const char *arg = argv[i], *v;
@@ -308,6 +316,8 @@ static void parse_options(int argc, char **argv, options_t *o) {
       o->provider = v;
     } else if ((v = option_value("--timeout", &i, argc, argv))) {
       o->timeout_s = parse_seconds("--timeout", v);
+    } else if ((v = option_value("--linger", &i, argc, argv))) {
+      o->linger_s = parse_seconds("--linger", v);
     } else if ((v = option_value("--grace", &i, argc, argv))) {
       o->grace_s = parse_seconds("--grace", v);
     } else if (strcmp(arg, "--tag-output") == 0) {
@@ -629,7 +639,7 @@ static void signal_all(job_t *job, int sig) {
 
 /* Begin stopping every rank: `sig` now, SIGKILL after the grace period. */
 static void stop_job(job_t *job, int sig) {
-  if (job->phase != PHASE_RUNNING)
+  if (job->phase != PHASE_RUNNING && job->phase != PHASE_LINGER)
     return;
   job->phase = PHASE_STOPPING;
   job->kill_at = now_s() + job->grace_s;
@@ -681,6 +691,12 @@ static void rank_exited(job_t *job, int i, int status) {
   }
   if (job->exit_code < 0)
     job->exit_code = code;
+  if (job->phase == PHASE_RUNNING && job->running > 0 && job->linger_s > 0) {
+    say("the other ranks get %g s to end on their own", job->linger_s);
+    job->phase = PHASE_LINGER;
+    job->stop_at = now_s() + job->linger_s;
+    return;
+  }
   if (job->phase == PHASE_RUNNING && job->running > 0)
     say("stopping the other ranks");
   stop_job(job, SIGTERM);
@@ -787,7 +803,7 @@ static void handle_signals(job_t *job) {
         signal_all(job, sig);
         continue;
       }
-      if (job->phase == PHASE_RUNNING) {
+      if (job->phase == PHASE_RUNNING || job->phase == PHASE_LINGER) {
         say("got %s, forwarding it to the ranks", signal_name(sig));
         if (job->exit_code < 0)
           job->exit_code = 128 + sig;
@@ -815,6 +831,10 @@ static void check_deadlines(job_t *job) {
     job->exit_code = RUN_EXIT_TIMEOUT;
     stop_job(job, SIGTERM);
   }
+  if (job->phase == PHASE_LINGER && job->running > 0 && t >= job->stop_at) {
+    say("stopping the other ranks");
+    stop_job(job, SIGTERM);
+  }
   if (job->phase == PHASE_STOPPING && job->running > 0 && t >= job->kill_at)
     kill_job(job);
 }
@@ -827,6 +847,8 @@ static int next_wait_ms(const job_t *job) {
       deadline = job->start + job->timeout_s;
     if (job->phase == PHASE_STOPPING)
       deadline = job->kill_at;
+    if (job->phase == PHASE_LINGER)
+      deadline = job->stop_at;
   } else {
     deadline = job->all_exited + RUN_DRAIN_AFTER_EXIT;
   }
@@ -929,6 +951,7 @@ int main(int argc, char **argv) {
                .tag = o.tag,
                .timeout_s = o.timeout_s,
                .grace_s = o.grace_s,
+               .linger_s = o.linger_s,
                .exit_code = -1};
   job.ranks = calloc((size_t)o.nranks, sizeof(*job.ranks));
   if (!job.ranks) {

@@ -48,8 +48,8 @@ esac
 
 export CHORUS_TRACE_DIR=$dumps CHORUS_TIMEOUT=2 CHORUS_PEER_TIMEOUT=2 CHORUS_WATCHDOG_MS=200
 t0=$EPOCHREALTIME
-# --grace: under load, give diverge_kill's survivors time to report the loss before SIGKILL
-"$run" -n $n --provider shm --timeout 60 --grace 10 -- "$prog" >"$tmp/out" 2>"$tmp/err"
+# --linger: under load, give diverge_kill's survivors time to report the loss on their own
+"$run" -n $n --provider shm --timeout 60 --linger 10 -- "$prog" >"$tmp/out" 2>"$tmp/err"
 status=$?
 echo "$name: chorus-run exited $status after $(awk "BEGIN { printf \"%.1f\", $EPOCHREALTIME - $t0 }") s"
 [ "$status" -eq "$want_status" ] || fail "chorus-run exited $status, expected $want_status"

@@ -505,3 +505,25 @@ Test(chorus_run, help) {
     cr_assert(strstr(p.out[0].data, must[i]), "--help does not mention %s", must[i]);
   proc_free(&p);
 }
+
+/* After a rank fails the others may end on their own within --linger (a
+ * Chorus job's survivors report the failure): they are not signalled. */
+Test(chorus_run, linger_lets_the_others_end_on_their_own) {
+  proc_t p;
+  RUN(&p, "-n", "3", "--linger", "5", "--", "/bin/sh", "-c",
+      "if [ $RANK = 1 ]; then exit 3; fi; sleep 1; echo \"rank $RANK reports the loss\"; exit 0");
+  cr_assert_eq(exit_code(&p), 3, "status %#x: %s", p.status, p.out[1].data);
+  cr_assert(strstr(p.out[0].data, "[0] rank 0 reports the loss"), "%s", p.out[0].data);
+  cr_assert(strstr(p.out[0].data, "[2] rank 2 reports the loss"), "%s", p.out[0].data);
+  cr_assert(!strstr(p.out[1].data, "stopping the other ranks"), "%s", p.out[1].data);
+  cr_assert_lt(p.elapsed, 4.0, "the job took %.1f s", p.elapsed);
+  proc_free(&p);
+
+  /* past the linger time they are stopped */
+  RUN(&p, "-n", "2", "--linger", "0.5", "--", "/bin/sh", "-c",
+      "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 60");
+  cr_assert_eq(exit_code(&p), 3);
+  cr_assert(strstr(p.out[1].data, "stopping the other ranks"), "%s", p.out[1].data);
+  cr_assert_lt(p.elapsed, 4.0, "the job took %.1f s", p.elapsed);
+  proc_free(&p);
+}
