@@ -281,10 +281,14 @@ static void request_exec_done(exec_t *ex, int status, void *arg) {
   chorus_comm_t *c = req->comm;
   const char *why = exec_why(ex);
 
-  if (status == CHORUS_ERR_TRANSPORT && c->watch && !atomic_load(&c->async_rc)) {
-    /* a peer's endpoint went away: the watchdog knows why, shortly */
+  bool uncertain = status == CHORUS_ERR_MISMATCH && exec_uncertain(ex);
+  if ((status == CHORUS_ERR_TRANSPORT || uncertain) && c->watch && !atomic_load(&c->async_rc)) {
+    /* a peer's endpoint went away, or sent a message too long for a call we
+     * can not name: the watchdog knows who and why, shortly */
     if (!c->parked)
       c->parked_until = fsm_now_ns() + COMM_PARK_NS;
+    req->park_rc = (chorus_result)status;
+    req->park_why = why ? strdup(why) : NULL;
     req->next_parked = c->parked;
     c->parked = req;
     return;
@@ -327,6 +331,8 @@ static size_t start_commands(chorus_comm_t *c) {
     }
     exec_set_extra(ex, req->xbufs, req->msg_or);
     exec_set_call(ex, req->call_seq, req->fp);
+    if (req->recovery)
+      exec_set_comm_id(ex, EXEC_COMM_RECOVERY);
     exec_start(&c->ex, ex);
     n++;
   }
@@ -360,7 +366,12 @@ static size_t progress_once(chorus_comm_t *c) {
       while (c->parked) {
         chorus_request_t *r = c->parked;
         c->parked = r->next_parked;
-        request_complete(r, v ? v : CHORUS_ERR_TRANSPORT);
+        char *why = r->park_why;
+        r->park_why = NULL;
+        if (!v && r->park_rc == CHORUS_ERR_MISMATCH && why)
+          comm_fail(c, r->park_rc, why); /* no verdict: our own view spreads */
+        request_complete_text(r, v ? v : r->park_rc, v ? NULL : why);
+        free(why);
         n++;
       }
     }

@@ -57,7 +57,10 @@ struct chorus_request {
   uint64_t fp;       /* fingerprint its messages carry (ckpt.h); 0: none */
   uint64_t count;    /* as called, for messages */
   chorus_request_t *next_parked; /* failed by the transport, waiting for the verdict */
+  chorus_result park_rc;         /* parked: the failure if no verdict comes */
+  char *park_why;                /* and its explanation (owned), or NULL */
   bool internal;                 /* a round of the engine's own that runs on a failed comm */
+  bool recovery;                 /* internal: tags in the EXEC_COMM_RECOVERY space */
   uint8_t coll;                  /* coll_kind, for messages */
   bool submitted;                /* handed to the progress thread (false while queued in a group) */
   bool grouped; /* a blocking call queued in a group: chorus_group_end releases it */
@@ -113,7 +116,8 @@ struct chorus_comm {
    * them better (the peer died, diverged...) */
   chorus_request_t *parked;
   uint64_t parked_until;
-  bool *lost; /* [size], under lock: ranks the watchdog's verdict declared lost */
+  bool *lost;                /* [size], under lock: ranks the watchdog's verdict declared lost */
+  uint16_t recovery_seq;     /* application thread: shrink rounds so far */
   struct watch *watch;       /* heartbeat client (watch.c); NULL when none */
   struct fault_plan *faults; /* CHORUS_FAULTS, parsed: call faults (kill, stall) */
   int64_t clock_offset_ns;   /* add to our CLOCK_MONOTONIC: rank 0's clock */

@@ -62,7 +62,9 @@ struct exec {
   bool orphan;           /* failed, completed for its caller, waits for the transport */
   uint64_t fail_ns;      /* when canceling began */
   uint64_t call_seq, fp; /* exec_set_call */
+  uint8_t comm_id;       /* the tags' communicator field: ctx's, or exec_set_comm_id's */
   char *why;             /* the mismatch a receive found (malloc'd), or NULL */
+  bool uncertain;        /* a mismatch seen without the sender's fingerprint */
   exec_done_fn done;
   void *arg;
   exec_t *next;
@@ -322,6 +324,7 @@ static void step_done(prov_op_t *op, int status, size_t len) {
              (unsigned long long)ex->call_seq, ps->peer, ps->bytes);
     if (!ex->why)
       ex->why = strdup(buf);
+    ex->uncertain = true;
     eng_log(ENG_ERR, ex->ctx->rank, "exec", "%s", buf);
   } else if (status == -ECANCELED) {
     ev.sig = E_CANCEL;
@@ -341,6 +344,7 @@ static void step_done(prov_op_t *op, int status, size_t len) {
              (unsigned long long)ex->call_seq, ps->peer, len, ps->bytes);
     if (!ex->why)
       ex->why = strdup(buf);
+    ex->uncertain = !(op->data & PROV_DATA_VALID);
     eng_log(ENG_ERR, ex->ctx->rank, "exec", "%s", buf);
   }
   fsm_dispatch(&st->fsm, &ev);
@@ -415,6 +419,7 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
     }
   }
   ex->ctx = ctx;
+  ex->comm_id = ctx->comm_id;
   ex->plan = plan;
   ex->bufs[BUF_SEND] = (uint8_t *)(uintptr_t)sendbuf;
   ex->bufs[BUF_RECV] = recvbuf;
@@ -471,6 +476,14 @@ const char *exec_why(const exec_t *ex) {
   return ex->why;
 }
 
+void exec_set_comm_id(exec_t *ex, uint8_t comm_id) {
+  ex->comm_id = comm_id;
+}
+
+bool exec_uncertain(const exec_t *ex) {
+  return ex->uncertain;
+}
+
 void exec_start(exec_ctx_t *ctx, exec_t *ex) {
   uint64_t now = ctx->trace ? fsm_now_ns() : 0;
   for (uint32_t i = 0; i < ex->plan->nsteps; i++) {
@@ -498,12 +511,12 @@ static int post_step(exec_ctx_t *ctx, exec_t *ex, uint32_t idx) {
   if (ps->kind == STEP_SEND) {
     st->op.data = send_data(ex, at(ex, ps->src), ps->bytes);
     rc = ctx->prov->ops->post_send(ctx->prov, ps->peer, at(ex, ps->src), ps->bytes,
-                                   exec_tag(ctx->rank, ctx->comm_id, ex->seq, ps->msg | ex->msg_or),
+                                   exec_tag(ctx->rank, ex->comm_id, ex->seq, ps->msg | ex->msg_or),
                                    &st->op);
   } else {
     st->op.flags = st->borrowable ? PROV_OP_BORROW : 0;
     rc = ctx->prov->ops->post_recv(ctx->prov, ps->peer, at(ex, ps->dst), ps->bytes,
-                                   exec_tag(ps->peer, ctx->comm_id, ex->seq, ps->msg | ex->msg_or),
+                                   exec_tag(ps->peer, ex->comm_id, ex->seq, ps->msg | ex->msg_or),
                                    &st->op);
   }
   if (rc == 0) {

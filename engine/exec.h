@@ -61,6 +61,14 @@ void exec_set_extra(exec_t *ex, void *const *xbufs, uint32_t msg_or);
  * i.e. inside the done callback). */
 void exec_set_call(exec_t *ex, uint64_t call_seq, uint64_t fp);
 const char *exec_why(const exec_t *ex);
+/* The mismatch was seen without the sender's fingerprint (a truncated
+ * message): which rank is wrong, and how, only the watchdog can tell. */
+bool exec_uncertain(const exec_t *ex);
+/* Before exec_start: another communicator field for the run's tags (the
+ * recovery rounds of chorus_comm_shrink use EXEC_COMM_RECOVERY, apart from
+ * every call's sequence numbers, which the survivors may no longer share). */
+#define EXEC_COMM_RECOVERY 0xff
+void exec_set_comm_id(exec_t *ex, uint8_t comm_id);
 /* A failed run whose operations the transport does not give back within
  * this long completes for its caller and is kept until they come back. */
 #define EXEC_ORPHAN_NS (2000ull * 1000 * 1000)

@@ -70,6 +70,7 @@ void request_release(chorus_request_t *req) {
   if (req->next_live)
     req->next_live->prev_live = req->prev_live;
   free(req->xbufs);
+  free(req->park_why);
   free(req->tmp);
   free(req);
 }

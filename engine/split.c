@@ -95,13 +95,19 @@ static chorus_result ctl_round(chorus_comm_t *c, const void *mine, void *all, co
   r->comm = c;
   r->slot = NULL;
   r->plan = own ? own : c->ctl_plan;
-  r->internal = alive != NULL; /* shrink runs on a failed communicator */
   r->sendbuf = mine;
   r->recvbuf = all;
   r->coll = COLL_ALLGATHER;
-  r->call_seq = ++c->seq;
-  r->seq = (uint16_t)r->call_seq;
-  if (c->set.trace) {
+  if (alive) {
+    /* shrink, on a failed communicator: its survivors may have begun
+     * different numbers of calls, so the round has tags of its own */
+    r->internal = r->recovery = true;
+    r->seq = ++c->recovery_seq;
+  } else {
+    r->call_seq = ++c->seq;
+    r->seq = (uint16_t)r->call_seq;
+  }
+  if (c->set.trace && !alive) {
     ckpt_call_t call = {.seq = r->call_seq,
                         .root = -1,
                         .kind = COLL_ALLGATHER,

@@ -1486,7 +1486,10 @@ static void ofi_complete(struct ofi_ep *o, void *ctx, int status, size_t len, ui
     return;
   }
   if (!s->is_send) {
-    s->op->data = !status && (flags & FI_REMOTE_CQ_DATA) ? PROV_DATA_VALID | data : 0;
+    s->op->data = (!status || status == -EMSGSIZE) && (flags & FI_REMOTE_CQ_DATA) &&
+                          !(status && data == OFI_RNDV_MARK)
+                      ? PROV_DATA_VALID | data
+                      : 0;
     if (!status && (flags & FI_REMOTE_CQ_DATA) && data == OFI_RNDV_MARK &&
         len == sizeof(struct ofi_rndv_desc))
       status = ofi_rndv_pull(o, s, s->rbuf, &len);
@@ -1526,7 +1529,8 @@ static int ofi_read_error(struct ofi_ep *o) {
                err.err == FI_ETRUNC ? " (message longer than the receive buffer)" : "",
                detail && detail[0] ? "; provider: " : "", detail ? detail : "");
   }
-  ofi_complete(o, err.op_context, status, err.len, 0, 0);
+  /* a truncated message still says whose call it was (its remote CQ data) */
+  ofi_complete(o, err.op_context, status, err.len, err.flags & FI_REMOTE_CQ_DATA, err.data);
   return 1;
 }
 
