@@ -443,6 +443,14 @@ chorus_result watch_start(chorus_comm_t *c) {
   return CHORUS_SUCCESS;
 }
 
+bool watch_await_verdict(watch_t *w, double timeout_s) {
+  for (int i = 0; i < (int)(timeout_s * 100) && !atomic_load(&w->applied); i++) {
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return atomic_load(&w->applied);
+}
+
 void watch_notify_failure(watch_t *w) {
   uint64_t one = 1;
   atomic_fetch_or(&w->req, REQ_FAIL);

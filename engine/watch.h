@@ -16,6 +16,7 @@
 #ifndef CHORUS_WATCH_H
 #define CHORUS_WATCH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,6 +32,8 @@ chorus_result watch_start(struct chorus_comm *c);
 void watch_stop(watch_t *w);
 /* The communicator failed here (comm_fail): tell the judge now. */
 void watch_notify_failure(watch_t *w);
+/* Waits up to timeout_s for a verdict on the communicator; true if one came. */
+bool watch_await_verdict(watch_t *w, double timeout_s);
 
 /* Writes c's dump into dir (dump.c); reason: trace.proto Verdict.Reason.
  * Returns 0 (the file name in path) or -errno. Any thread. */

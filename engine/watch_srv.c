@@ -303,7 +303,10 @@ static bool check_lost(wsrv_t *w, double now) {
   char wait[768];
   for (int i = 0; i < w->cfg.size; i++) {
     wrank_t *r = &w->r[i];
-    if (!r->lost && !r->bye && r->joined && now - r->last_heard > w->cfg.peer_timeout_s) {
+    /* silence counts from the first heartbeat (creating a communicator
+     * may take longer than the peer timeout; a rank that dies meanwhile
+     * closes its connections) */
+    if (!r->lost && !r->bye && r->have_beat && now - r->last_heard > w->cfg.peer_timeout_s) {
       r->lost = true;
       snprintf(r->lost_why, sizeof(r->lost_why),
                "it sent no heartbeat for %.1f s (frozen, or unreachable)", now - r->last_heard);
@@ -491,14 +494,25 @@ static bool check_timeout(wsrv_t *w) {
   uint64_t S = 0;
   char wait[768];
 
+  bool late = false;
+  for (int i = 0; i < n && !late; i++)
+    late = live(&w->r[i]) && open_call(&w->r[i]) && w->r[i].wait_ms >= limit_ms;
+  if (!late)
+    return false;
+  /* the job is held up from its oldest open call on: whoever holds that up */
   for (int i = 0; i < n; i++) {
     const wcall_t *oc = live(&w->r[i]) ? open_call(&w->r[i]) : NULL;
-    if (oc && w->r[i].wait_ms >= limit_ms && (!S || oc->seq < S))
+    if (oc && (!S || oc->seq < S))
       S = oc->seq;
   }
-  if (!S)
-    return false;
   waiting_str(w, S, -1, wait, sizeof(wait));
+
+  /* a stall that was injected says so */
+  for (int i = 0; i < n; i++)
+    if (live(&w->r[i]) && w->r[i].stalled[0]) {
+      verdict(w, CHORUS_ERR_TIMEOUT, i, S, "%s; rank %d is stalled: %s", wait, i, w->r[i].stalled);
+      return true;
+    }
 
   /* a rank that has not reached S */
   for (int i = 0; i < n; i++) {
@@ -542,12 +556,7 @@ static bool check_timeout(wsrv_t *w) {
     return true;
   }
 
-  /* everyone is in S (or past it): a stalled rank, then the wait-for chain */
-  for (int i = 0; i < n; i++)
-    if (live(&w->r[i]) && w->r[i].stalled[0]) {
-      verdict(w, CHORUS_ERR_TIMEOUT, i, S, "%s; rank %d is stalled: %s", wait, i, w->r[i].stalled);
-      return true;
-    }
+  /* everyone is in S or past it: a silent progress engine, then the wait-for chain */
   int qmax = -1;
   uint64_t q1 = 0, q2 = 0;
   for (int i = 0; i < n; i++) {

@@ -277,3 +277,44 @@ Test(watch_srv, judging_4096_ranks_is_cheap) {
   cr_assert(ms < 50, "a tick over %d ranks took %.1f ms", n, ms);
   wsrv_free(w);
 }
+
+/* Rank 1 froze in #4; rank 0 is held in #6 sending to it; ranks 2 and 3
+ * ran ahead to #7 (bcast leaves do). The frozen rank is named, not the first
+ * rank found behind the others (the fault matrix caught that). */
+Test(watch_srv, the_frozen_rank_not_the_first_behind) {
+  sink_t s;
+  wsrv_t *w = judge(4, &s);
+  beat_spec_t b[4] = {
+      {.last = 6, .open = 1, .count = 8, .wait_ms = 11000, .quiet_ms = 50, .waits_for = 1},
+      {.last = 4, .open = 1, .count = 8, .wait_ms = 15000, .quiet_ms = 15000, .waits_for = -1},
+      {.last = 7, .open = 1, .count = 8, .wait_ms = 11000, .quiet_ms = 50, .waits_for = 0},
+      {.last = 7, .open = 1, .count = 8, .wait_ms = 11000, .quiet_ms = 50, .waits_for = 0}};
+  for (int r = 0; r < 4; r++)
+    beat(w, r, b[r], 1.0);
+  wsrv_tick(w, 1.1);
+  cr_assert_eq(s.code, CHORUS_ERR_TIMEOUT);
+  cr_assert_eq(s.culprit, 1, "%s", s.text);
+  cr_assert(strstr(s.text, "#4") && strstr(s.text, "rank 1"), "%s", s.text);
+  wsrv_free(w);
+}
+
+/* A rank whose communicator takes longer to create than the peer timeout
+ * (heartbeats start once it is made) is not declared lost meanwhile. */
+Test(watch_srv, silence_counts_from_the_first_heartbeat) {
+  sink_t s;
+  wsrv_t *w = judge(2, &s);
+  beat_spec_t b = {.last = 0, .count = 8, .waits_for = -1};
+  for (double t = 0.2; t < 8.0; t += 0.2) {
+    beat(w, 0, b, t); /* rank 1 still creating its communicator */
+    wsrv_tick(w, t);
+  }
+  cr_assert_eq(s.verdicts, 0, "%s", s.text);
+  beat(w, 1, b, 8.0);
+  for (double t = 8.2; t < 16.0 && !s.verdicts; t += 0.2) {
+    beat(w, 0, b, t);
+    wsrv_tick(w, t);
+  }
+  cr_assert_eq(s.code, CHORUS_ERR_PEER_LOST, "silent after its first heartbeat: %s", s.text);
+  cr_assert_eq(s.culprit, 1);
+  wsrv_free(w);
+}
