@@ -19,12 +19,13 @@ if ./scripts/build.sh build-asan -DCHORUS_SANITIZE=ON -DCHORUS_BUILD_MPI_BENCH=O
    ASAN_OPTIONS="detect_leaks=1:log_path=$san_logs/asan:log_exe_name=1" \
    LSAN_OPTIONS="suppressions=$PWD/../tests/lsan.supp:print_suppressions=0" \
    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$san_logs/ubsan:log_exe_name=1" \
-   ctest --output-on-failure -j"$jobs" --timeout 900 -LE 'scale|heavy|valgrind') || status=1
+   ctest --output-on-failure -j"$jobs" --timeout 900 -LE 'scale|heavy|valgrind|soak') || status=1
   # (label "scale": the 4096-rank verification and simulation, and "heavy":
   # every collective x algorithm x dtype x op in process and over shm and
   # tcp at 1..9 and 16 ranks, run in the developer build only - under ASan they take over ten minutes each; the
   # same code paths run sanitized through the other tests; "valgrind": scripts/valgrind.sh's
-  # job, registered only in a build configured with -DCHORUS_VALGRIND=ON, never in the suite)
+  # job, registered only in a build configured with -DCHORUS_VALGRIND=ON, never in the suite;
+  # "soak": test_faults_long, the long fault matrix, run by hand: ctest -L soak)
   # a log holding only the runtime's notes ("Running thread ... was not
   # suspended" in forked ranks) is no report; errors and leaks are
   reports=$(grep -lE "ERROR: |runtime error|SUMMARY: " "$san_logs"/* 2>/dev/null)
@@ -39,7 +40,7 @@ fi
 
 echo "== developer build: build/"
 if ./scripts/build.sh build; then
-  (cd build && ctest --output-on-failure -j"$jobs" --timeout 900 -LE valgrind) || status=1
+  (cd build && ctest --output-on-failure -j"$jobs" --timeout 900 -LE 'valgrind|soak') || status=1
 else
   status=1
 fi
