@@ -16,7 +16,7 @@
  *   kill rank 2      rank 2 dies by SIGKILL; the others CHORUS_ERR_PEER_LOST, the message
  *                    naming rank 2 as the culprit ("rank 2 is lost")
  *   stall rank 1     CHORUS_ERR_TIMEOUT everywhere, naming rank 1 as the culprit ("rank 1 is
- *                    stalled")
+ *                    stalled" or "rank 1 is stuck")
  * and then a later call fails at once with the same code, and chorus_comm_destroy succeeds.
  * Bounds: a failing call returns at most TIMEOUT + 5 s (drop, stall), PEER_TIMEOUT + 2 s
  * (kill) or TIMEOUT s (corrupt) after the fault reached it, i.e. after the later of the
@@ -34,6 +34,7 @@
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -66,7 +67,7 @@ static const unsigned long default_seeds[] = {1, 2, 3, 4, 5};
 /* elements per call (per rank for allgather): 64 B, 16 KiB, 384 KiB, 3 MiB, 4 B */
 static const size_t sizes[] = {16, 4096, 98304, 786432, 1};
 #else
-#define ITERS 10
+#define ITERS 16
 static const unsigned long default_seeds[] = {1};
 /* 64 B (inject), 16 KiB, 384 KiB (rendezvous) */
 static const size_t sizes[] = {16, 4096, 98304};
@@ -89,6 +90,8 @@ enum { ST_NONE, ST_RUNNING, ST_DONE };
 typedef struct report {
   int state;
   int init_rc;       /* chorus_comm_init's result */
+  double init_t0;    /* when chorus_comm_init was called */
+  double init_t1;    /* and returned */
   int rc;            /* the first failing call's result; 0: every call succeeded */
   int fail_iter;     /* the iteration it failed at (-1: none) */
   double call_t0;    /* when the last call (the failing one, if any) began */
@@ -100,6 +103,8 @@ typedef struct report {
   int destroy_rc;    /* chorus_comm_destroy's result */
   double destroy_s;  /* how long it took */
   int fd0, fd1;      /* open fds before init and after destroy */
+  int fd1_late;      /* when they differ: the count half a second later */
+  char fd_new[512];  /* and the fds that were not there before, with what they are */
   uint64_t sends;    /* sends this rank posted (prov_fault_stats) */
   uint64_t injected; /* transport faults injected into them */
   double fault_t;    /* this rank's first journaled injection of the row's kind; 0: none */
@@ -180,6 +185,74 @@ static void read_faults(chorus_comm_t *c, enum fault f, report_t *rep) {
   pthread_mutex_unlock(&c->prog_lock);
 }
 
+/* Marks the open fds below 1024 in set (128 bytes). */
+static void fd_set_of(unsigned char *set) {
+  DIR *d = opendir("/proc/self/fd");
+  memset(set, 0, 128);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    int fd = atoi(e->d_name);
+    if (e->d_name[0] != '.' && fd < 1024 && fd != dirfd(d))
+      set[fd / 8] |= (unsigned char)(1u << fd % 8);
+  }
+  if (d)
+    closedir(d);
+}
+
+/* For a leaked socket: its line in /proc/net/{tcp,tcp6,unix} (addresses, state), if found. */
+static void socket_info(unsigned long inode, char *out, size_t len) {
+  static const char *const tables[] = {"/proc/net/tcp", "/proc/net/tcp6", "/proc/net/unix"};
+  char line[512];
+  out[0] = '\0';
+  for (size_t t = 0; t < 3 && !out[0]; t++) {
+    FILE *f = fopen(tables[t], "r");
+    while (f && fgets(line, sizeof(line), f)) {
+      unsigned long ino = 0;
+      char loc[64], rem[64];
+      unsigned st;
+      if (t < 2 &&
+          sscanf(line, " %*d: %63s %63s %x %*s %*s %*s %*s %*s %lu", loc, rem, &st, &ino) == 4 &&
+          ino == inode) {
+        unsigned lp = 0, rp = 0;
+        const char *lc = strrchr(loc, ':'), *rc = strrchr(rem, ':');
+        if (lc)
+          sscanf(lc + 1, "%x", &lp);
+        if (rc)
+          sscanf(rc + 1, "%x", &rp);
+        snprintf(out, len, " (%s port %u -> port %u, state %02x)", tables[t] + 10, lp, rp, st);
+        break;
+      }
+      if (t == 2 && sscanf(line, "%*s %*s %*s %*s %*s %*s %lu", &ino) == 1 && ino == inode) {
+        snprintf(out, len, " (unix)");
+        break;
+      }
+    }
+    if (f)
+      fclose(f);
+  }
+}
+
+/* Lists the fds open now that were not in `before`, with their targets. */
+static void fd_list_new(const unsigned char *before, char *out, size_t len) {
+  unsigned char now[128];
+  size_t off = 0;
+  fd_set_of(now);
+  out[0] = '\0';
+  for (int fd = 0; fd < 1024 && off < len; fd++) {
+    if (!(now[fd / 8] >> fd % 8 & 1) || before[fd / 8] >> fd % 8 & 1)
+      continue;
+    char path[64], target[128];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, target, sizeof(target) - 1);
+    target[n > 0 ? n : 0] = '\0';
+    char sock[96] = "";
+    unsigned long inode;
+    if (sscanf(target, "socket:[%lu]", &inode) == 1)
+      socket_info(inode, sock, sizeof(sock));
+    off +=
+        (size_t)snprintf(out + off, len - off, "%s%d -> %s%s", off ? ", " : "", fd, target, sock);
+  }
+}
+
 static int rank_main(int rank, int size, const char *addr, void *arg) {
   const job_t *j = arg;
   report_t *rep = &j->rep[rank];
@@ -188,11 +261,15 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
     maxc = sizes[i] > maxc ? sizes[i] : maxc;
   const size_t maxrecv = maxc * NRANKS * 4;
 
+  unsigned char fds_before[128];
   rep->fail_iter = -1;
+  fd_set_of(fds_before);
   rep->fd0 = mp_count_fds();
   rep->state = ST_RUNNING;
   chorus_comm_t *c = NULL;
+  rep->init_t0 = now_s();
   chorus_result rc = chorus_comm_init(&c, rank, size, addr);
+  rep->init_t1 = now_s();
   if (rc) {
     rep->init_rc = rc;
     snprintf(rep->msg, sizeof(rep->msg), "init: %s", chorus_last_error());
@@ -262,7 +339,12 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
   free(send);
   free(recv);
   free(ref);
-  rep->fd1 = mp_count_fds();
+  rep->fd1 = rep->fd1_late = mp_count_fds();
+  if (rep->fd1 != rep->fd0) {
+    usleep(500 * 1000);
+    rep->fd1_late = mp_count_fds();
+    fd_list_new(fds_before, rep->fd_new, sizeof(rep->fd_new));
+  }
   rep->state = ST_DONE;
   return 0;
 }
@@ -278,7 +360,8 @@ static const char *const outcome_name[] = {"correct", "clean error", "UNEXPECTED
 static bool failure_ok(enum fault f, const report_t *p, double t_from, char *why, size_t len) {
   chorus_result want;
   double bound;
-  const char *needle = NULL;
+  /* what the message must say: the watchdog's culprit, or the link (any one will do) */
+  const char *needles[3] = {NULL, NULL, NULL};
   switch (f) {
   case F_DROP:
     want = CHORUS_ERR_TIMEOUT;
@@ -287,17 +370,18 @@ static bool failure_ok(enum fault f, const report_t *p, double t_from, char *why
   case F_CORRUPT:
     want = CHORUS_ERR_CORRUPT;
     bound = TIMEOUT_S;
-    needle = "corrupted on the link from rank";
+    needles[0] = "corrupted on the link from rank";
     break;
   case F_KILL:
     want = CHORUS_ERR_PEER_LOST;
     bound = PEER_TIMEOUT_S + 2;
-    needle = "rank 2 is lost"; /* the watchdog's culprit */
+    needles[0] = "rank 2 is lost";
     break;
   case F_STALL:
     want = CHORUS_ERR_TIMEOUT;
     bound = TIMEOUT_S + 5;
-    needle = "rank 1 is stalled"; /* the watchdog's culprit */
+    needles[0] = "rank 1 is stalled";
+    needles[1] = "rank 1 is stuck";
     break;
   default: /* delay, dup, reorder: nothing may fail */
     snprintf(why, len, "failed (%s) where every call must succeed", chorus_strerror(p->rc));
@@ -313,8 +397,12 @@ static bool failure_ok(enum fault f, const report_t *p, double t_from, char *why
              p->fail_t1 - t_from, bound);
     return false;
   }
-  if (needle && !strstr(p->msg, needle)) {
-    snprintf(why, len, "the message does not name \"%s\"", needle);
+  bool named = !needles[0];
+  for (int i = 0; needles[i]; i++)
+    named = named || strstr(p->msg, needles[i]);
+  if (!named) {
+    snprintf(why, len, "the message does not say \"%s\"%s%s%s", needles[0],
+             needles[1] ? " or \"" : "", needles[1] ? needles[1] : "", needles[1] ? "\"" : "");
     return false;
   }
   if (p->later_rc != p->rc || p->later_s > LATER_CALL_S) {
@@ -370,15 +458,11 @@ static void run_one(enum fault f, enum coll k, int prov, unsigned long seed, res
   spec_of(spec, sizeof(spec), f, seed);
   snprintf(env_prov, sizeof(env_prov), "CHORUS_PROVIDER=%s", prov_name[prov]);
   snprintf(env_faults, sizeof(env_faults), "CHORUS_FAULTS=%s", spec);
-  const char *envs[] = {env_prov,
-                        env_faults,
-                        "CHORUS_TIMEOUT=4",
-                        "CHORUS_PEER_TIMEOUT=4",
-                        "CHORUS_WATCHDOG_MS=200",
-                        "CHORUS_CONNECT_TIMEOUT=60",
-                        "CHORUS_LOG=error",
-                        f == F_CORRUPT ? "CHORUS_CHECKSUM=1" : "CHORUS_CHECKSUM=0",
-                        NULL};
+  const char *envs[] = {env_prov, env_faults, "CHORUS_TIMEOUT=4", "CHORUS_PEER_TIMEOUT=4",
+                        "CHORUS_WATCHDOG_MS=200", "CHORUS_CONNECT_TIMEOUT=60",
+                        /* CHORUS_LOG set by whoever runs the test wins */
+                        getenv("CHORUS_LOG") ? "CHORUS_CONNECT_TIMEOUT=60" : "CHORUS_LOG=error",
+                        f == F_CORRUPT ? "CHORUS_CHECKSUM=1" : "CHORUS_CHECKSUM=0", NULL};
   report_t *rep = mmap(NULL, sizeof(report_t) * NRANKS, PROT_READ | PROT_WRITE,
                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (rep == MAP_FAILED) {
@@ -412,6 +496,10 @@ static void run_one(enum fault f, enum coll k, int prov, unsigned long seed, res
   if (f == F_STALL)
     fault_t = rep[STALL_RANK].call_t0;
 
+  double t_init = 0; /* the first rank's call of chorus_comm_init, for the times printed */
+  for (int i = 0; i < NRANKS; i++)
+    if (rep[i].init_t0 > 0 && (t_init == 0 || rep[i].init_t0 < t_init))
+      t_init = rep[i].init_t0;
   enum outcome o = O_CORRECT;
   bool any_failed = false, leak = shm_left != 0;
   char why[NRANKS][256];
@@ -441,7 +529,9 @@ static void run_one(enum fault f, enum coll k, int prov, unsigned long seed, res
     }
     if (p->fd1 != p->fd0) {
       leak = true;
-      snprintf(why[i], sizeof(why[i]), "fds %d before init, %d after destroy", p->fd0, p->fd1);
+      snprintf(why[i], sizeof(why[i]),
+               "fds %d before init, %d after destroy (%d half a second later): new %s", p->fd0,
+               p->fd1, p->fd1_late, p->fd_new);
     }
     if (p->wrong) {
       o = o < O_WRONG ? O_WRONG : o;
@@ -496,15 +586,18 @@ static void run_one(enum fault f, enum coll k, int prov, unsigned long seed, res
       continue;
     }
     double from = p->call_t0 > fault_t ? p->call_t0 : fault_t;
+    fprintf(stderr, "  rank %d: init at +%.2f s, ready at +%.2f s; ", i, p->init_t0 - t_init,
+            p->init_t1 - t_init);
     fprintf(stderr,
-            "  rank %d: status %d, %d/%d iterations verified, %s%s at iteration %d, %.2f s into "
-            "the call, %.2f s after the fault; later call %s; destroy %s in %.2f s; fds %d -> "
+            "status %d, %d/%d iterations verified, %s%s at iteration %d (call began at +%.2f s), "
+            "%.2f s into the call, %.2f s after the fault; later call %s; destroy %s in %.2f s; "
+            "fds %d -> "
             "%d%s%s: %s\n",
-            i, r.status[i], p->iters_ok, ITERS, p->wrong ? "WRONG RESULT, " : "",
-            chorus_strerror(p->rc), p->fail_iter, p->rc ? p->fail_t1 - p->call_t0 : 0.0,
-            p->rc ? p->fail_t1 - from : 0.0, chorus_strerror(p->later_rc),
-            chorus_strerror(p->destroy_rc), p->destroy_s, p->fd0, p->fd1, why[i][0] ? "; " : "",
-            why[i], p->msg[0] ? p->msg : "-");
+            r.status[i], p->iters_ok, ITERS, p->wrong ? "WRONG RESULT, " : "",
+            chorus_strerror(p->rc), p->fail_iter, p->call_t0 > 0 ? p->call_t0 - t_init : 0.0,
+            p->rc ? p->fail_t1 - p->call_t0 : 0.0, p->rc ? p->fail_t1 - from : 0.0,
+            chorus_strerror(p->later_rc), chorus_strerror(p->destroy_rc), p->destroy_s, p->fd0,
+            p->fd1, why[i][0] ? "; " : "", why[i], p->msg[0] ? p->msg : "-");
   }
   if (shm_left)
     fprintf(stderr, "  %d /dev/shm files left by the job's processes\n", shm_left);
