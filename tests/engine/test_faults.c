@@ -30,7 +30,8 @@
  *
  * Replay: FAULTS_MATRIX_FILTER=drop/allreduce/tcp FAULTS_MATRIX_SEEDS=3 FAULTS_MATRIX_JOBS=1
  * ./test_faults runs only the rows whose name holds the filter, with those seeds; every run
- * prints its spec and environment.
+ * prints its spec and environment. FAULTS_MATRIX_SPEC replaces the spec of the rows run (the
+ * row's fault still says what is expected), e.g. kill:rank=2,at=#1 on the kill rows.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -344,6 +345,8 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
     usleep(500 * 1000);
     rep->fd1_late = mp_count_fds();
     fd_list_new(fds_before, rep->fd_new, sizeof(rep->fd_new));
+    size_t l = strlen(rep->fd_new);
+    snprintf(rep->fd_new + l, sizeof(rep->fd_new) - l, "; the rendezvous is at %s", addr);
   }
   rep->state = ST_DONE;
   return 0;
@@ -456,6 +459,9 @@ static void run_one(enum fault f, enum coll k, int prov, unsigned long seed, res
   char name[64], spec[128], env_prov[64], env_faults[160];
   row_name(name, sizeof(name), f, k, prov);
   spec_of(spec, sizeof(spec), f, seed);
+  const char *spec_env = getenv("FAULTS_MATRIX_SPEC"); /* another spec for the row, to dig */
+  if (spec_env && *spec_env)
+    snprintf(spec, sizeof(spec), "%s", spec_env);
   snprintf(env_prov, sizeof(env_prov), "CHORUS_PROVIDER=%s", prov_name[prov]);
   snprintf(env_faults, sizeof(env_faults), "CHORUS_FAULTS=%s", spec);
   const char *envs[] = {env_prov, env_faults, "CHORUS_TIMEOUT=4", "CHORUS_PEER_TIMEOUT=4",
