@@ -109,6 +109,7 @@ typedef struct report {
   uint64_t sends;    /* sends this rank posted (prov_fault_stats) */
   uint64_t injected; /* transport faults injected into them */
   double fault_t;    /* this rank's first journaled injection of the row's kind; 0: none */
+  int stalled;       /* this rank's progress was stalled (a stall rule hit it) */
   char msg[1024];    /* chorus_comm_last_error() of the failure, or what went wrong */
 } report_t;
 
@@ -332,6 +333,7 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
     rep->later_s = now_s() - t0;
   }
   read_faults(c, j->f, rep);
+  rep->stalled = c->stall_why[0] != 0; /* comm_stall() wrote why; a failure ends a stall */
   double t0 = now_s();
   rep->destroy_rc = chorus_comm_destroy(c);
   rep->destroy_s = now_s() - t0;
@@ -575,7 +577,7 @@ static void run_one(enum fault f, enum coll k, int prov, unsigned long seed, res
   if (f == F_KILL)
     res->faulted = r.status[KILL_RANK] == -SIGKILL;
   else if (f == F_STALL)
-    res->faulted = strstr(rep[STALL_RANK].msg, "stalled") != NULL;
+    res->faulted = rep[STALL_RANK].stalled;
   else
     res->faulted = injected > 0;
 
