@@ -59,6 +59,10 @@
  *  whose address is in its name.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -218,10 +222,11 @@ struct ofi_ep {
   struct fid_av *av;
   struct fid_cq *cq;
   struct fid_ep *ep;
-  bool directed;     /* FI_DIRECTED_RECV granted */
-  bool cq_data;      /* 8 bytes of remote CQ data: prov_op.data travels */
-  size_t inject_len; /* sends up to this complete without the receiver */
-  bool rndv;         /* single-copy rendezvous for large messages (shm + CMA) */
+  bool directed;        /* FI_DIRECTED_RECV granted */
+  bool cq_data;         /* 8 bytes of remote CQ data: prov_op.data travels */
+  uint16_t listen_port; /* tcp and the like: the port peers connect to, 0 if none */
+  size_t inject_len;    /* sends up to this complete without the receiver */
+  bool rndv;            /* single-copy rendezvous for large messages (shm + CMA) */
   int32_t pid;
   /* acks that met -EAGAIN, retried by progress() */
   struct ofi_ack {
@@ -840,6 +845,10 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
   /* FI_ADDR_STR names go back to fi_av_insert as C strings. */
   if (o->info->addr_format == FI_ADDR_STR && (fab_len == 0 || fab[fab_len - 1] != '\0'))
     fab[fab_len++] = '\0';
+  if (o->info->addr_format == FI_SOCKADDR_IN && fab_len >= sizeof(struct sockaddr_in))
+    o->listen_port = ntohs(((const struct sockaddr_in *)fab)->sin_port);
+  else if (o->info->addr_format == FI_SOCKADDR_IN6 && fab_len >= sizeof(struct sockaddr_in6))
+    o->listen_port = ntohs(((const struct sockaddr_in6 *)fab)->sin6_port);
 
   o->slots = calloc(2 * o->max_posted, sizeof(*o->slots));
   if (!o->slots) {
@@ -1665,6 +1674,38 @@ static long ofi_elapsed_ns(const struct timespec *t0) {
   return (t.tv_sec - t0->tv_sec) * 1000000000L + (t.tv_nsec - t0->tv_nsec);
 }
 
+/* libfabric's tcp provider (1.17) can leave behind a connection a peer
+ * opened to us while the endpoint was closing (seen after a failure, when
+ * ranks close at different times): a socket in CLOSE_WAIT whose local port
+ * is our endpoint's, still open after every fi_close succeeded. Such a
+ * socket is ours by its port; close it. */
+static void ofi_close_strays(uint16_t port) {
+  DIR *d = port ? opendir("/proc/self/fd") : NULL;
+  if (!d)
+    return;
+  int dfd = dirfd(d);
+  for (struct dirent *e; (e = readdir(d));) {
+    int fd = atoi(e->d_name);
+    struct stat st;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (fd <= 2 || fd == dfd || fstat(fd, &st) || !S_ISSOCK(st.st_mode) ||
+        getsockname(fd, (struct sockaddr *)&ss, &sl))
+      continue;
+    uint16_t p = ss.ss_family == AF_INET    ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
+                 : ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                            : 0;
+    struct tcp_info ti;
+    socklen_t tl = sizeof(ti);
+    /* only a connection its peer closed: never a socket another endpoint
+     * of this process may have bound to the port since */
+    if (p == port && getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 &&
+        ti.tcpi_state == TCP_CLOSE_WAIT)
+      close(fd);
+  }
+  closedir(d);
+}
+
 static void ofi_close(prov_t *p) {
   struct ofi_ep *o = to_ofi(p);
   struct timespec t0;
@@ -1707,6 +1748,7 @@ static void ofi_close(prov_t *p) {
   fi_close(&o->av->fid);
   fi_close(&o->domain->fid);
   fi_close(&o->fabric->fid);
+  ofi_close_strays(o->listen_port);
   fi_freeinfo(o->info);
   db_close(o);
   free(o->slots);
