@@ -5,6 +5,7 @@
 #ifndef CHORUS_PROV_INTERNAL_H
 #define CHORUS_PROV_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "prov.h"
@@ -25,5 +26,28 @@ enum { PROV_OP_OWNER = 0, PROV_OP_REQ = 1 };
  * that the rings alone wake a sleeper (single-threaded tests, where shm's
  * put-off completions can not happen). No effect on other providers. */
 void prov_ofi_test_no_backstop(prov_t *p);
+
+/* Fuzzing only (tests/fuzz/fuzz_peer_record.c): how the ofi and multi
+ * transports decode the address a peer published (its endpoint record's
+ * `address`) before they trust it, without opening a transport.
+ *
+ * prov_ofi_test_addr_decode: addr_parse, then, for a transport with the
+ * shm doorbell (doorbell: only addresses with one are accepted), what
+ * add_peers keeps of it before any system call: the socket's address and
+ * the shm region's name. Returns 0 or -EINVAL; fab points into addr. */
+typedef struct prov_ofi_test_addr {
+  const unsigned char *fab; /* the libfabric name */
+  size_t fab_len;
+  bool has_db;
+  size_t salen;       /* doorbell: the socket address's length */
+  char sun_path[108]; /* doorbell: the socket's name (abstract: starts with NUL) */
+  char region[96];    /* doorbell: NAME of "chorus://NAME", or "" */
+} prov_ofi_test_addr_t;
+int prov_ofi_test_addr_decode(const void *addr, size_t len, bool doorbell,
+                              prov_ofi_test_addr_t *out);
+/* prov_multi's split of an address into its two children's (0: absent):
+ * 0 or -EINVAL. */
+int prov_multi_test_addr_parse(const void *addr, size_t len, const unsigned char **part,
+                               size_t *plen);
 
 #endif

@@ -319,6 +319,11 @@ static int multi_parse(const void *addr, size_t len, const unsigned char **part,
   return 0;
 }
 
+int prov_multi_test_addr_parse(const void *addr, size_t len, const unsigned char **part,
+                               size_t *plen) {
+  return multi_parse(addr, len, part, plen);
+}
+
 static int multi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens, int n) {
   struct multi_ep *m = to_multi(p);
   const void **sub[2] = {NULL, NULL};

@@ -679,6 +679,44 @@ static int addr_parse(const void *addr, size_t len, struct ofi_peer_addr *pa) {
   return 0;
 }
 
+/* What add_peers keeps of a doorbell address (pa->has_db) besides what
+ * needs a system call: the socket's address and, when the libfabric name is
+ * one of our shm regions ("chorus://NAME"), NAME ("" otherwise). d must
+ * come zeroed. Shared with prov_ofi_test_addr_decode (fuzzing). */
+static void db_peer_names(struct ofi_db_peer *d, const struct ofi_peer_addr *pa) {
+  d->sa.sun_family = AF_UNIX;
+  memcpy(d->sa.sun_path, pa->name, pa->name_len);
+  d->salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + pa->name_len);
+  if (pa->fab_len > 9 && pa->fab_len < sizeof(d->region) + 9 &&
+      memcmp(pa->fab, "chorus://", 9) == 0) {
+    memcpy(d->region, pa->fab + 9, pa->fab_len - 9);
+    d->region[pa->fab_len - 9] = '\0';
+    if (strchr(d->region, '/'))
+      d->region[0] = '\0';
+  }
+}
+
+int prov_ofi_test_addr_decode(const void *addr, size_t len, bool doorbell,
+                              prov_ofi_test_addr_t *out) {
+  struct ofi_peer_addr pa;
+  struct ofi_db_peer d;
+
+  memset(out, 0, sizeof(*out));
+  if (addr_parse(addr, len, &pa) || (doorbell && !pa.has_db))
+    return -EINVAL;
+  out->fab = pa.fab;
+  out->fab_len = pa.fab_len;
+  out->has_db = pa.has_db;
+  if (doorbell) {
+    memset(&d, 0, sizeof(d));
+    db_peer_names(&d, &pa);
+    out->salen = d.salen;
+    memcpy(out->sun_path, d.sa.sun_path, sizeof(out->sun_path));
+    memcpy(out->region, d.region, sizeof(out->region));
+  }
+  return 0;
+}
+
 /* ---- open ---- */
 
 static size_t ofi_safe_posted(const struct fi_info *info) {
@@ -953,18 +991,9 @@ static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens
     if (o->db_peers) {
       struct ofi_db_peer *d = &o->db_peers[i];
 
-      d->sa.sun_family = AF_UNIX;
-      memcpy(d->sa.sun_path, pa.name, pa.name_len);
-      d->salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + pa.name_len);
+      db_peer_names(d, &pa);
       db_peer_attach(d, pa.pid, pa.memfd, pa.nonce);
       d->pid = pa.pid;
-      if (pa.fab_len > 9 && pa.fab_len < sizeof(d->region) + 9 &&
-          memcmp(pa.fab, "chorus://", 9) == 0) {
-        memcpy(d->region, pa.fab + 9, pa.fab_len - 9);
-        d->region[pa.fab_len - 9] = '\0';
-        if (strchr(d->region, '/'))
-          d->region[0] = '\0';
-      }
       d->sar = no_cma || !db_cma_works(pa.pid, pa.va, pa.nonce);
     }
   }
