@@ -6,6 +6,10 @@
  *   DIR/fuzz_select/seed-*        one override per (collective, algorithm)
  *   DIR/fuzz_topo/seed-*, DIR/fuzz_settings/seed-*
  *   DIR/fuzz_fault_spec/seed-*    fault plans using every kind and key
+ *   DIR/fuzz_trace_load/seed-*   dump directories of hung jobs: a rank that
+ *                                diverged, a mismatch, a lost rank, a stall,
+ *                                a wait cycle, a blamed rank, a healthy job,
+ *                                two communicators, bad files among good
  *   DIR/fuzz_select.dict, DIR/fuzz_fault_spec.dict
  * Valid inputs let the fuzzers start deep in each decoder instead of
  * guessing protobuf framing from nothing.
@@ -19,6 +23,7 @@
 #include "algos/algos.h"
 #include "bootstrap.pb-c.h"
 #include "fuzz_common.h"
+#include "trace_fixture.h"
 
 struct buf {
   uint8_t data[1 << 16];
@@ -311,6 +316,217 @@ static void fault_spec_seeds(void) {
   }
 }
 
+/* ---- fuzz_trace_load: dump files, FUZZ_SEP between them ---- */
+
+#define T0 1000000000000ull /* rank 0's clock at the job's start */
+
+static int64_t off_of(int r) {
+  return ((int64_t)r * 7 - 10) * 1000000;
+}
+
+/* rank r's clock at `ms` milliseconds of rank 0's */
+static uint64_t L(int r, double ms) {
+  return (uint64_t)((int64_t)T0 + (int64_t)(ms * 1e6) - off_of(r));
+}
+
+/* Appends d's packed bytes (the first `cut` of them when cut != 0) to b,
+ * after a separator unless b is empty; frees d. */
+static void put_dump(struct buf *b, tf_dump_t *d, size_t cut) {
+  size_t len = 0;
+  uint8_t *p = tf_pack(d, &len);
+
+  if (!p) {
+    fprintf(stderr, "fuzz_seeds: packing a dump failed\n");
+    exit(1);
+  }
+  if (b->len)
+    put(b, FUZZ_SEP, FUZZ_SEP_LEN);
+  put(b, p, cut && cut < len ? cut : len);
+  free(p);
+  tf_free(d);
+}
+
+/* The history every rank of a job shares: #40 allreduce (with its ring
+ * messages), #41 barrier, a step machine journal, its peers alive. */
+static tf_dump_t *job_rank(uint32_t comm, int r, int size, double t_dump_ms) {
+  int prev = (r + size - 1) % size, next = (r + 1) % size;
+  tf_dump_t *d = tf_new(comm, r, size, L(r, t_dump_ms), off_of(r));
+
+  tf_call(d, 40, TF_ALLREDUCE, TF_FLOAT32, 1 << 20, TF_SUM, -1, L(r, 100), L(r, 150));
+  tf_call(d, 41, TF_BARRIER, 0, 0, 0, -1, L(r, 160), L(r, 170));
+  for (uint32_t c = 0; c < 2; c++) {
+    tf_message(d, 40, 2 * c, true, next, c, c, 1 << 19, L(r, 100 + 10 * c), L(r, 104 + 10 * c));
+    tf_message(d, 40, 2 * c + 1, false, prev, c, c, 1 << 19, L(r, 101 + 10 * c),
+               L(r, 106 + 10 * c));
+  }
+  tf_journal(d, L(r, 100), 0, 40, TF_J_WAIT, TF_E_DEP, TF_J_READY);
+  tf_journal(d, L(r, 101), 0, 40, TF_J_READY, TF_E_POSTED, TF_J_POSTED);
+  tf_journal(d, L(r, 104), 0, 40, TF_J_POSTED, TF_E_COMPLETE, TF_J_DONE);
+  tf_journal(d, L(r, 105), 1, 40, TF_J_DONE, TF_E_RUN, 0xffff); /* a miss */
+  for (int p = 0; p < size; p++)
+    if (p != r)
+      tf_peer(d, p, TF_ALIVE, 41, L(r, 170));
+  return d;
+}
+
+/* In #42 allreduce: RECV from the previous rank and SEND to the next
+ * posted, a REDUCE waiting for the RECV. */
+static void in_42(tf_dump_t *d, int r, int size, double progress_ms) {
+  int prev = (r + size - 1) % size, next = (r + 1) % size;
+
+  tf_call(d, 42, TF_ALLREDUCE, TF_FLOAT32, 1 << 20, TF_SUM, -1, L(r, 200), 0);
+  tf_where(d, 42, 41, true, L(r, progress_ms));
+  tf_step(d, 42, 5, TF_RECV, TF_POSTED, prev, 2, L(r, 250));
+  tf_step(d, 42, 6, TF_SEND, TF_POSTED, next, 3, L(r, 250));
+  tf_step(d, 42, 7, TF_REDUCE, TF_WAIT, -1, 2, L(r, 200))->ndeps_left = 1;
+  tf_journal(d, L(r, 240), 5, 42, TF_J_WAIT, TF_E_DEP, TF_J_READY);
+  tf_journal(d, L(r, 250), 5, 42, TF_J_READY, TF_E_POSTED, TF_J_POSTED);
+  tf_message(d, 42, 6, true, next, 3, 3, 1 << 18, L(r, 250), 0);
+}
+
+static void trace_seeds(void) {
+  int n = 0;
+
+  { /* rank 2 finished #41 and never called #42: diverged */
+    struct buf b = {.len = 0};
+    for (int r = 0; r < 4; r++) {
+      tf_dump_t *d = job_rank(7, r, 4, 12650);
+      if (r != 2) {
+        in_42(d, r, 4, 12600);
+        tf_verdict(d, TF_TIMEOUT, -1, "collective #42 waited past CHORUS_TIMEOUT (12 s)",
+                   L(r, 12640));
+        if (r == 0)
+          tf_fault(d, L(r, 300), "delay", 1, 42, "50 ms");
+      } else {
+        tf_where(d, 41, 41, false, L(r, 175));
+        tf_verdict(d, TF_REQUEST, -1, "dump requested by rank 0", L(r, 12650));
+      }
+      put_dump(&b, d, 0);
+    }
+    save("fuzz_trace_load", &n, b.data, b.len);
+  }
+  { /* #7: rank 1 passed another count; rank 3 left no dump */
+    struct buf b = {.len = 0};
+    for (int r = 0; r < 3; r++) {
+      tf_dump_t *d = tf_new(3, r, 4, L(r, 5310), off_of(r));
+      tf_call(d, 6, TF_ALLREDUCE, TF_FLOAT32, 1024, TF_SUM, -1, L(r, 100), L(r, 120));
+      tf_call(d, 7, TF_ALLREDUCE, TF_FLOAT32, r == 1 ? 1000 : 1024, TF_SUM, -1, L(r, 300), 0);
+      tf_where(d, 7, 6, true, L(r, 5300));
+      tf_step(d, 7, 1, TF_RECV, TF_POSTED, (r + 3) % 4, 0, L(r, 310));
+      tf_verdict(d, TF_TIMEOUT, -1, "collective #7 waited past CHORUS_TIMEOUT", L(r, 5300));
+      put_dump(&b, d, 0);
+    }
+    save("fuzz_trace_load", &n, b.data, b.len);
+  }
+  { /* rank 3 killed: no dump, seen lost by rank 0, suspect by rank 2 */
+    struct buf b = {.len = 0};
+    for (int r = 0; r < 3; r++) {
+      tf_dump_t *d = tf_new(5, r, 4, L(r, 8510), off_of(r));
+      tf_call(d, 11, TF_BCAST, TF_FLOAT32, 65536, 0, 3, L(r, 100), L(r, 130));
+      tf_call(d, 12, TF_ALLREDUCE, TF_FLOAT32, 65536, TF_SUM, -1, L(r, 500), 0);
+      tf_where(d, 12, 11, true, L(r, 8500));
+      tf_step(d, 12, 1, TF_RECV, TF_POSTED, (r + 3) % 4, 0, L(r, 510));
+      if (r == 2)
+        tf_step(d, 12, 2, TF_SEND, TF_POSTED, 3, 0, L(r, 510));
+      if (r == 0) {
+        tf_peer(d, 3, TF_LOST, 11, L(r, 505));
+        tf_fault(d, L(r, 506), "transport", 3, 12, "fi_cq_readerr: connection reset by peer");
+      }
+      if (r == 2)
+        tf_peer(d, 3, TF_SUSPECT, 11, L(r, 505));
+      tf_verdict(d, TF_TIMEOUT, -1, "collective #12 waited past CHORUS_TIMEOUT", L(r, 8500));
+      put_dump(&b, d, 0);
+    }
+    save("fuzz_trace_load", &n, b.data, b.len);
+  }
+  { /* rank 1's progress engine silent for 40 s, its send still READY */
+    struct buf b = {.len = 0};
+    for (int r = 0; r < 4; r++) {
+      tf_dump_t *d = tf_new(9, r, 4, L(r, 40500), off_of(r));
+      tf_call(d, 19, TF_BARRIER, 0, 0, 0, -1, L(r, 100), L(r, 110));
+      tf_call(d, 20, TF_ALLREDUCE, TF_FLOAT32, 262144, TF_SUM, -1, L(r, 500), 0);
+      tf_where(d, 20, 19, true, L(r, r == 1 ? 600 : 40450));
+      tf_step(d, 20, 1, TF_RECV, TF_POSTED, (r + 3) % 4, 0, L(r, 550));
+      if (r == 1)
+        tf_step(d, 20, 2, TF_SEND, TF_READY, 2, 0, L(r, 600));
+      put_dump(&b, d, 0);
+    }
+    save("fuzz_trace_load", &n, b.data, b.len);
+  }
+  { /* two ranks waiting on each other, both alive: a cycle */
+    struct buf b = {.len = 0};
+    for (int r = 0; r < 2; r++) {
+      tf_dump_t *d = tf_new(11, r, 2, L(r, 3200), off_of(r));
+      tf_call(d, 5, TF_ALLREDUCE, TF_FLOAT32, 4096, TF_SUM, -1, L(r, 150), 0);
+      tf_where(d, 5, 4, true, L(r, 3190));
+      tf_step(d, 5, 0, TF_RECV, TF_POSTED, 1 - r, 0, L(r, 200));
+      put_dump(&b, d, 0);
+    }
+    save("fuzz_trace_load", &n, b.data, b.len);
+  }
+  { /* no evidence across ranks, but rank 0's verdict blames rank 1 */
+    struct buf b = {.len = 0};
+    for (int r = 0; r < 2; r++) {
+      tf_dump_t *d = job_rank(12, r, 2, 900);
+      tf_where(d, 41, 41, false, L(r, 880));
+      if (r == 0) {
+        tf_msg(d)->journal_dropped = 17;
+        tf_verdict(d, CHORUS__TRACE__VERDICT__REASON__MISMATCH, 1,
+                   "a message of rank 1 carried fingerprint 0x1234, not ours", L(r, 890));
+      }
+      put_dump(&b, d, 0);
+    }
+    save("fuzz_trace_load", &n, b.data, b.len);
+  }
+  { /* healthy: both done with #5 */
+    struct buf b = {.len = 0};
+    for (int r = 0; r < 2; r++) {
+      tf_dump_t *d = tf_new(1, r, 2, L(r, 900), off_of(r));
+      tf_call(d, 5, TF_BCAST, TF_FLOAT32, 16, 0, 0, L(r, 100), L(r, 110));
+      tf_where(d, 5, 5, false, L(r, 110));
+      tf_verdict(d, TF_REQUEST, -1, "dump requested", L(r, 900));
+      put_dump(&b, d, 0);
+    }
+    save("fuzz_trace_load", &n, b.data, b.len);
+  }
+  { /* two communicators: comm 1 (2 ranks, one in #42) and comm 2 (2 ranks) */
+    struct buf b = {.len = 0};
+    for (int k = 0; k < 4; k++) {
+      int r = k % 2;
+      tf_dump_t *d = job_rank(k < 2 ? 1 : 2, r, 2, 5000);
+      if (k == 1)
+        in_42(d, r, 2, 4990);
+      else
+        tf_where(d, 41, 41, false, L(r, 180));
+      put_dump(&b, d, 0);
+    }
+    save("fuzz_trace_load", &n, b.data, b.len);
+  }
+  { /* bad among good: a truncated dump, the same rank twice, a size the
+       others contradict */
+    struct buf b = {.len = 0};
+    tf_dump_t *d = job_rank(4, 0, 3, 3000);
+    in_42(d, 0, 3, 2990);
+    put_dump(&b, d, 0);
+    d = job_rank(4, 1, 3, 3000);
+    in_42(d, 1, 3, 2990);
+    put_dump(&b, d, 40);
+    d = job_rank(4, 0, 3, 3000);
+    tf_where(d, 41, 41, false, L(0, 180));
+    put_dump(&b, d, 0);
+    d = job_rank(4, 2, 5, 3000);
+    put_dump(&b, d, 0);
+    save("fuzz_trace_load", &n, b.data, b.len);
+  }
+  { /* one rank of a large communicator, every other rank without a dump */
+    struct buf b = {.len = 0};
+    tf_dump_t *d = job_rank(6, 5, 64, 2000);
+    in_42(d, 5, 64, 1990);
+    put_dump(&b, d, 0);
+    save("fuzz_trace_load", &n, b.data, b.len);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: fuzz_seeds DIR\n");
@@ -327,5 +543,6 @@ int main(int argc, char **argv) {
   topo_seeds();
   settings_seeds();
   fault_spec_seeds();
+  trace_seeds();
   return 0;
 }
