@@ -10,6 +10,8 @@
  *                                diverged, a mismatch, a lost rank, a stall,
  *                                a wait cycle, a blamed rank, a healthy job,
  *                                two communicators, bad files among good
+ *   DIR/fuzz_peer_record/seed-*  endpoint records with ofi, doorbell and
+ *                                multi addresses, as made and as split
  *   DIR/fuzz_select.dict, DIR/fuzz_fault_spec.dict
  * Valid inputs let the fuzzers start deep in each decoder instead of
  * guessing protobuf framing from nothing.
@@ -22,6 +24,7 @@
 
 #include "algos/algos.h"
 #include "bootstrap.pb-c.h"
+#include "endpoint.pb-c.h"
 #include "fuzz_common.h"
 #include "trace_fixture.h"
 
@@ -527,6 +530,125 @@ static void trace_seeds(void) {
   }
 }
 
+/* ---- fuzz_peer_record: endpoint records, FUZZ_SEP between them ---- */
+
+#define OFI_MAGIC 0x43484f46u   /* prov_ofi.c OFI_ADDR_MAGIC */
+#define MULTI_MAGIC 0x43484d55u /* prov_multi.c MULTI_ADDR_MAGIC */
+
+static void put_hdr(struct buf *b, uint32_t magic, size_t l0, size_t l1) {
+  uint16_t a = (uint16_t)l0, c = (uint16_t)l1;
+
+  put(b, &magic, 4);
+  put(b, &a, 2);
+  put(b, &c, 2);
+}
+
+/* prov_ofi's address: the libfabric name, then the doorbell (when db). */
+static void put_ofi_addr(struct buf *b, const void *fab, size_t fab_len, bool db, int rank) {
+  char sock[32];
+  int32_t pid = 4000 + rank, memfd = 9;
+  uint64_t nonce = 0x5eed0000u + (uint64_t)rank, va = 0x7f0000001000ull;
+  uint8_t nl;
+
+  sock[0] = '\0'; /* abstract */
+  nl = (uint8_t)(1 + snprintf(sock + 1, sizeof(sock) - 1, "chorus-db-%d-%d", pid, rank));
+  put_hdr(b, OFI_MAGIC, fab_len, db ? 25u + nl : 0);
+  put(b, fab, fab_len);
+  if (db) {
+    put(b, &pid, 4);
+    put(b, &memfd, 4);
+    put(b, &nonce, 8);
+    put(b, &va, 8);
+    put(b, &nl, 1);
+    put(b, sock, nl);
+  }
+}
+
+/* A transport address of `rank` for transport kind t (fuzz_peer_record.c). */
+static void put_addr(struct buf *b, int t, int rank) {
+  char shm[64];
+  uint8_t in4[16] = {2, 0, 0x75, (uint8_t)(0x30 + rank), 10, 0, 0, (uint8_t)(1 + rank)};
+  int sl = snprintf(shm, sizeof(shm), "chorus://chorus-%d-%d", 4000 + rank, rank);
+
+  if (t == 0) {
+    put_ofi_addr(b, shm, (size_t)sl, true, rank);
+  } else if (t == 1 || t == 3) {
+    put_ofi_addr(b, in4, sizeof(in4), false, rank);
+  } else {
+    struct buf p0 = {.len = 0}, p1 = {.len = 0};
+    if (rank < 2) /* ranks 0 and 1 on our host */
+      put_ofi_addr(&p0, shm, (size_t)sl, true, rank);
+    put_ofi_addr(&p1, in4, sizeof(in4), false, rank);
+    put_hdr(b, MULTI_MAGIC, p0.len, p1.len);
+    put(b, p0.data, p0.len);
+    put(b, p1.data, p1.len);
+  }
+}
+
+static void put_record(struct buf *b, int t, int rank, const char *provider, const char *host) {
+  static const char *const names[] = {"shm", "tcp;ofi_rxm", "shm+tcp;ofi_rxm", "verbs;ofi_rxm"};
+  Chorus__Ep__Endpoint ep = CHORUS__EP__ENDPOINT__INIT;
+  struct buf a = {.len = 0};
+  uint8_t *packed;
+  size_t n;
+
+  put_addr(&a, t, rank);
+  ep.rank = (uint32_t)rank;
+  ep.provider = (char *)(provider ? provider : names[t]);
+  ep.address.data = a.data;
+  ep.address.len = a.len;
+  ep.host = (char *)host;
+  ep.pid = (uint32_t)(4000 + rank);
+  n = chorus__ep__endpoint__get_packed_size(&ep);
+  packed = malloc(n ? n : 1);
+  if (!packed)
+    exit(1);
+  chorus__ep__endpoint__pack(&ep, packed);
+  put(b, packed, n);
+  free(packed);
+}
+
+static void peer_record_seeds(void) {
+  int n = 0;
+
+  for (int t = 0; t < 4; t++) {
+    for (int size = 1; size <= 4; size *= 2) {
+      for (int split = 0; split < 2; split++) {
+        struct buf b = {.len = 0};
+        /* rank size-1; CHORUS_TOPO checked at creation, not at a split */
+        uint8_t setup = (uint8_t)((size - 1) | t << 4 | (split ? 0x80 : 0x40));
+
+        put(&b, &setup, 1);
+        /* split: first the record of a rank left out of the group (empty) */
+        for (int i = 0; i < size; i++) {
+          /* a split hands the members' records over in reverse */
+          int r = split ? size - 1 - i : i;
+          if (i || split)
+            put(&b, FUZZ_SEP, FUZZ_SEP_LEN);
+          put_record(&b, t, r, NULL, split ? "" : "node-a/boot-1|hosts=2x2");
+        }
+        save("fuzz_peer_record", &n, b.data, b.len);
+      }
+    }
+  }
+  { /* refusals: another transport, another CHORUS_TOPO */
+    struct buf b = {.len = 0};
+    uint8_t setup = 1 << 4 | 0x40;
+
+    put(&b, &setup, 1);
+    put_record(&b, 1, 0, NULL, "node-a/boot-1|hosts=2x1");
+    put(&b, FUZZ_SEP, FUZZ_SEP_LEN);
+    put_record(&b, 1, 1, "shm", "node-a/boot-1|hosts=2x1");
+    save("fuzz_peer_record", &n, b.data, b.len);
+    b.len = 0;
+    put(&b, &setup, 1);
+    put_record(&b, 1, 0, NULL, "node-a/boot-1|hosts=2x1");
+    put(&b, FUZZ_SEP, FUZZ_SEP_LEN);
+    put_record(&b, 1, 1, NULL, "node-b/boot-2|map=0,0");
+    save("fuzz_peer_record", &n, b.data, b.len);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: fuzz_seeds DIR\n");
@@ -544,5 +666,6 @@ int main(int argc, char **argv) {
   settings_seeds();
   fault_spec_seeds();
   trace_seeds();
+  peer_record_seeds();
   return 0;
 }
