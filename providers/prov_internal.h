@@ -49,5 +49,14 @@ int prov_ofi_test_addr_decode(const void *addr, size_t len, bool doorbell,
  * 0 or -EINVAL. */
 int prov_multi_test_addr_parse(const void *addr, size_t len, const unsigned char **part,
                                size_t *plen);
+/* prov_ofi's single-copy rendezvous: the checks a descriptor a peer sent
+ * (a message of len bytes) goes through before data is copied, for a
+ * receive buffer of rlen bytes and, when the descriptor names a region
+ * (rid), a mapped region of region_size bytes. Returns 1: not a descriptor
+ * (an ordinary message), -EPROTO: malformed, -EMSGSIZE: longer than the
+ * buffer, 2: not inside the region (the data would come by
+ * process_vm_readv: *n bytes), 0: *n bytes to copy from the region at *off. */
+int prov_ofi_test_rndv_desc(const void *msg, size_t len, size_t rlen, uint64_t region_size,
+                            uint64_t *off, uint64_t *n);
 
 #endif

@@ -1194,6 +1194,42 @@ static void ofi_flush_acks(struct ofi_ep *o) {
   o->nacks = k;
 }
 
+/* ---- a peer's rendezvous descriptor: what is checked before it is used ---- */
+
+/* Reads the descriptor that came from the peer as a message of
+ * sizeof(*d) bytes (ofi_complete checks its length) into *d, for a receive
+ * buffer of rlen bytes: 0, -EPROTO when it is not a descriptor, -EMSGSIZE
+ * when its data would not fit the buffer. */
+static int rndv_desc_read(const void *msg, size_t rlen, struct ofi_rndv_desc *d) {
+  memcpy(d, msg, sizeof(*d));
+  if (d->magic != OFI_RNDV_DATA)
+    return -EPROTO;
+  return d->len > rlen ? -EMSGSIZE : 0;
+}
+
+/* Whether the data of descriptor d lies inside a region of `size` bytes. */
+static bool rndv_in_region(const struct ofi_rndv_desc *d, uint64_t size) {
+  return d->roff <= size && d->len <= size - d->roff;
+}
+
+int prov_ofi_test_rndv_desc(const void *msg, size_t len, size_t rlen, uint64_t region_size,
+                            uint64_t *off, uint64_t *n) {
+  struct ofi_rndv_desc d;
+  int rc;
+
+  *off = *n = 0;
+  if (len != sizeof(d))
+    return 1; /* an ordinary message */
+  rc = rndv_desc_read(msg, rlen, &d);
+  if (rc)
+    return rc;
+  *n = d.len;
+  if (!d.rid || !rndv_in_region(&d, region_size))
+    return 2; /* not in the region: process_vm_readv of d.len bytes */
+  *off = d.roff;
+  return 0;
+}
+
 /* The data of descriptor d in this process, when the sender's buffer lies
  * in a region we can map (cached, least recently used mapping evicted);
  * NULL otherwise (then CMA is used). */
@@ -1209,7 +1245,7 @@ static const unsigned char *ofi_map_region(struct ofi_ep *o, const struct ofi_rn
   for (int i = 0; i < OFI_MAPS; i++) {
     m = &o->maps[i];
     if (m->base && m->pid == d->pid && m->rid == d->rid) {
-      if (d->roff > m->size || d->len > m->size - d->roff)
+      if (!rndv_in_region(d, m->size))
         return NULL;
       m->last_use = ++o->map_uses;
       return m->base + d->roff;
@@ -1222,8 +1258,7 @@ static const unsigned char *ofi_map_region(struct ofi_ep *o, const struct ofi_rn
   if (fd < 0)
     return NULL;
   /* the fd number might have been reused: the inode tells */
-  if (fstat(fd, &st) || (uint64_t)st.st_ino != d->ino || (uint64_t)st.st_size < d->roff ||
-      (uint64_t)st.st_size - d->roff < d->len) {
+  if (fstat(fd, &st) || (uint64_t)st.st_ino != d->ino || !rndv_in_region(d, (uint64_t)st.st_size)) {
     close(fd);
     return NULL;
   }
@@ -1251,15 +1286,14 @@ static void ofi_unmap_all(struct ofi_ep *o) {
 static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t *len) {
   struct ofi_rndv_desc d;
   const unsigned char *mapped;
-  int status = 0;
+  int status = rndv_desc_read(buf, s->len, &d);
 
-  memcpy(&d, buf, sizeof(d));
-  if (d.magic != OFI_RNDV_DATA) {
+  if (status == -EPROTO) {
     ofi_seterr(o, "recv from rank %d: malformed rendezvous descriptor", s->peer);
     return -EPROTO;
   }
   s->op->data = PROV_DATA_VALID | d.data;
-  if (d.len <= s->len && (mapped = ofi_map_region(o, &d))) {
+  if (!status && (mapped = ofi_map_region(o, &d))) {
     *len = (size_t)d.len;
     bool bounced = d.flags & OFI_DESC_BOUNCE;
     if (bounced)
@@ -1280,12 +1314,11 @@ static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t
       ofi_queue_ack(o, s->peer, d.cookie, 0);
     return 0;
   }
-  if (d.len > s->len) {
+  if (status) { /* -EMSGSIZE */
     ofi_seterr(o,
                "recv from rank %d tag %#llx: %llu bytes into %zu (message longer than the "
                "receive buffer)",
                s->peer, (unsigned long long)s->tag, (unsigned long long)d.len, s->len);
-    status = -EMSGSIZE;
   } else {
     size_t done = 0;
     while (done < d.len) {
