@@ -12,6 +12,8 @@
  *                                two communicators, bad files among good
  *   DIR/fuzz_peer_record/seed-*  endpoint records with ofi, doorbell and
  *                                multi addresses, as made and as split
+ *   DIR/fuzz_rndv_desc/seed-*    rendezvous descriptors: in a region, in a
+ *                                bounce region, by CMA, out of bounds, bad
  *   DIR/fuzz_select.dict, DIR/fuzz_fault_spec.dict
  * Valid inputs let the fuzzers start deep in each decoder instead of
  * guessing protobuf framing from nothing.
@@ -649,6 +651,52 @@ static void peer_record_seeds(void) {
   }
 }
 
+/* ---- fuzz_rndv_desc: receive buffer and region sizes, then a message ---- */
+
+/* prov_ofi.c's struct ofi_rndv_desc, as it travels */
+struct rndv_desc {
+  uint64_t addr, len, cookie;
+  int32_t pid;
+  uint32_t magic;
+  uint64_t rid, ino, roff;
+  int32_t rfd;
+  uint32_t flags;
+  uint64_t data;
+};
+
+static void save_desc(int *n, uint16_t rlen, uint16_t rsize, uint64_t len, uint64_t rid,
+                      uint64_t roff, uint32_t magic, uint32_t flags) {
+  struct rndv_desc d = {.addr = 0x7f1234560000ull,
+                        .len = len,
+                        .cookie = (uint64_t)7 << 32 | 3,
+                        .pid = 4242,
+                        .magic = magic,
+                        .rid = rid,
+                        .ino = 77,
+                        .roff = roff,
+                        .rfd = 12,
+                        .flags = flags,
+                        .data = 0x1234};
+  struct buf b = {.len = 0};
+  uint8_t sizes[4] = {(uint8_t)rlen, (uint8_t)(rlen >> 8), (uint8_t)rsize, (uint8_t)(rsize >> 8)};
+
+  put(&b, sizes, 4);
+  put(&b, &d, sizeof(d));
+  save("fuzz_rndv_desc", n, b.data, b.len);
+}
+
+static void rndv_desc_seeds(void) {
+  const uint32_t magic = 0x434d4152u; /* prov_ofi.c OFI_RNDV_DATA */
+  int n = 0;
+
+  save_desc(&n, 4096, 8192, 4096, 1, 4096, magic, 0);    /* in a mapped region */
+  save_desc(&n, 4096, 8192, 1024, 2, 0, magic, 1);       /* in the sender's bounce region */
+  save_desc(&n, 4096, 0, 4096, 0, 0, magic, 0);          /* no region: process_vm_readv */
+  save_desc(&n, 4096, 8192, 4096, 1, 6144, magic, 0);    /* past the region's end */
+  save_desc(&n, 1024, 8192, 4096, 1, 0, magic, 0);       /* longer than the receive buffer */
+  save_desc(&n, 4096, 8192, 4096, 1, 0, 0x52414d43u, 0); /* not a descriptor */
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: fuzz_seeds DIR\n");
@@ -667,5 +715,6 @@ int main(int argc, char **argv) {
   fault_spec_seeds();
   trace_seeds();
   peer_record_seeds();
+  rndv_desc_seeds();
   return 0;
 }
