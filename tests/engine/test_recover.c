@@ -373,7 +373,7 @@ static int frozen_rank(int rank, int size, const char *addr, void *arg) {
       /* frozen for good; a child of ours ends it after the test's bound */
       pid_t me = getpid();
       if (fork() == 0) {
-        sleep_s(15);
+        sleep_s(8);
         kill(me, SIGKILL);
         _exit(0);
       }
