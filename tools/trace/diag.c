@@ -831,8 +831,8 @@ static int rule_blamed(ctx_t *x, tr_buf_t *b) {
   d->call = call_of_waiters(x, d->seq, -1);
   const Chorus__Trace__Verdict *v = x->ri[first].d->verdict;
   tr_bprintf(b,
-             "the dumps show no wait on another rank, but %d rank%s' own verdict%s blame%s rank %d",
-             votes[best], votes[best] == 1 ? "" : "s", votes[best] == 1 ? "" : "s",
+             "the dumps show no wait on another rank, but %d rank%s own verdict%s blame%s rank %d",
+             votes[best], votes[best] == 1 ? "'s" : "s'", votes[best] == 1 ? "" : "s",
              votes[best] == 1 ? "s" : "", best);
   tr_bprintf(b, " (rank %d: %s", first, tr_reason_name((int)v->reason));
   if (v->text[0]) {
