@@ -187,6 +187,24 @@ void wsrv_tick(wsrv_t *w, double now) {
 
 /* ---- verdicts ---- */
 
+/* One frame (bootstrap.c's framing: a big-endian length, then the
+ * envelope) to every rank still listening. */
+static void send_live(wsrv_t *w, const Chorus__Boot__Envelope *env) {
+  size_t n = chorus__boot__envelope__get_packed_size(env);
+  uint8_t *frame = malloc(n + 4);
+  if (!frame)
+    return;
+  frame[0] = (uint8_t)(n >> 24);
+  frame[1] = (uint8_t)(n >> 16);
+  frame[2] = (uint8_t)(n >> 8);
+  frame[3] = (uint8_t)n;
+  chorus__boot__envelope__pack(env, frame + 4);
+  for (int i = 0; i < w->cfg.size; i++)
+    if (w->r[i].joined && live(&w->r[i]))
+      w->cfg.send(w->cfg.arg, i, frame, n + 4);
+  free(frame);
+}
+
 static void verdict(wsrv_t *w, int code, int culprit, uint64_t seq, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
@@ -217,19 +235,7 @@ static void verdict(wsrv_t *w, int code, int culprit, uint64_t seq, const char *
   Chorus__Boot__Envelope env = CHORUS__BOOT__ENVELOPE__INIT;
   env.msg_case = CHORUS__BOOT__ENVELOPE__MSG_VERDICT;
   env.verdict = &v;
-  size_t n = chorus__boot__envelope__get_packed_size(&env);
-  uint8_t *frame = malloc(n + 4);
-  if (frame) {
-    frame[0] = (uint8_t)(n >> 24);
-    frame[1] = (uint8_t)(n >> 16);
-    frame[2] = (uint8_t)(n >> 8);
-    frame[3] = (uint8_t)n;
-    chorus__boot__envelope__pack(&env, frame + 4);
-    for (int i = 0; i < w->cfg.size; i++)
-      if (w->r[i].joined && live(&w->r[i]))
-        w->cfg.send(w->cfg.arg, i, frame, n + 4);
-  }
-  free(frame);
+  send_live(w, &env);
   free(lost);
 }
 
@@ -238,20 +244,9 @@ static void poll_all(wsrv_t *w, double now) {
   Chorus__Boot__Envelope env = CHORUS__BOOT__ENVELOPE__INIT;
   env.msg_case = CHORUS__BOOT__ENVELOPE__MSG_POLL;
   env.poll = &p;
-  size_t n = chorus__boot__envelope__get_packed_size(&env);
-  uint8_t frame[64];
-  if (n + 4 > sizeof(frame))
-    return;
-  frame[0] = (uint8_t)(n >> 24);
-  frame[1] = (uint8_t)(n >> 16);
-  frame[2] = (uint8_t)(n >> 8);
-  frame[3] = (uint8_t)n;
-  chorus__boot__envelope__pack(&env, frame + 4);
-  for (int i = 0; i < w->cfg.size; i++) {
+  for (int i = 0; i < w->cfg.size; i++)
     w->r[i].replied = false;
-    if (w->r[i].joined && live(&w->r[i]))
-      w->cfg.send(w->cfg.arg, i, frame, n + 4);
-  }
+  send_live(w, &env);
   w->polled = w->polling = true;
   w->poll_until = now + WS_POLL_S;
 }
