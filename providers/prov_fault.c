@@ -1002,40 +1002,15 @@ static int fault_reap(prov_t *p) {
   return c && c->ops->reap ? c->ops->reap(c) : 0;
 }
 
-const prov_ops_t prov_fault_ops = {
-    .size = sizeof(prov_ops_t),
-    .name = "fault",
-    .open = fault_open,
-    .getname = fault_getname,
-    .add_peers = fault_add_peers,
-    .post_send = fault_post_send,
-    .post_recv = fault_post_recv,
-    .cancel = fault_cancel,
-    .progress = fault_progress,
-    .wait_fd = fault_wait_fd,
-    .arm = fault_arm,
-    .disarm = fault_disarm,
-    .max_posted = fault_max_posted,
-    .close = fault_close,
-    .release = fault_release,
-    .reap = fault_reap,
-};
+/* The same table twice but for release(): see fault_ops_no_release's use. */
+#define FAULT_OPS(release_fn)                                                                      \
+  {                                                                                                \
+    .size = sizeof(prov_ops_t), .name = "fault", .open = fault_open, .getname = fault_getname,     \
+    .add_peers = fault_add_peers, .post_send = fault_post_send, .post_recv = fault_post_recv,      \
+    .cancel = fault_cancel, .progress = fault_progress, .wait_fd = fault_wait_fd,                  \
+    .arm = fault_arm, .disarm = fault_disarm, .max_posted = fault_max_posted,                      \
+    .close = fault_close, .release = release_fn, .reap = fault_reap,                               \
+  }
 
-static const prov_ops_t fault_ops_no_release = {
-    .size = sizeof(prov_ops_t),
-    .name = "fault",
-    .open = fault_open,
-    .getname = fault_getname,
-    .add_peers = fault_add_peers,
-    .post_send = fault_post_send,
-    .post_recv = fault_post_recv,
-    .cancel = fault_cancel,
-    .progress = fault_progress,
-    .wait_fd = fault_wait_fd,
-    .arm = fault_arm,
-    .disarm = fault_disarm,
-    .max_posted = fault_max_posted,
-    .close = fault_close,
-    .release = NULL,
-    .reap = fault_reap,
-};
+const prov_ops_t prov_fault_ops = FAULT_OPS(fault_release);
+static const prov_ops_t fault_ops_no_release = FAULT_OPS(NULL);
