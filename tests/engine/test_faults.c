@@ -54,6 +54,21 @@
 #include "comm.h" /* the transport, for prov_fault_stats() and prov_fault_events() */
 #include "mp.h"
 
+/* In sanitizer builds, LeakSanitizer reads this at start (on top of tests/lsan.supp).
+ * Here ranks fail on purpose and close at different times, and libfabric 1.17's tcp
+ * provider then leaks a connection a peer opened to us that it had accepted but not yet
+ * handed to its endpoint when the endpoint closed: its handle (40 B + 336 B) or, once
+ * the request is read, the request's fi_info as well (fixed upstream in 2026, "prov/tcp:
+ * Fix PEP close use-after-free": closing the listener now releases such handles; Debian
+ * ships 1.17). Seen in about one tcp run in five of corrupt/allreduce/tcp, whose rank 3
+ * fails in the first call while its peers are still connecting to it. libfabric is built
+ * without frame pointers, so the stack LeakSanitizer keeps ends inside libfabric and only
+ * the library's name can match: this binary only; every other test, scripts/valgrind.sh
+ * (full stacks) and the create/destroy cycles of test_api still catch a libfabric
+ * object Chorus fails to close. */
+__attribute__((visibility("default"))) const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) { return "leak:libfabric.so.1\n"; }
+
 #define NRANKS 4
 #define TIMEOUT_S 4.0      /* CHORUS_TIMEOUT */
 #define PEER_TIMEOUT_S 4.0 /* CHORUS_PEER_TIMEOUT */
