@@ -67,7 +67,9 @@
  * (full stacks) and the create/destroy cycles of test_api still catch a libfabric
  * object Chorus fails to close. */
 __attribute__((visibility("default"))) const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) { return "leak:libfabric.so.1\n"; }
+const char *__lsan_default_suppressions(void) {
+  return "leak:libfabric.so.1\n";
+}
 
 #define NRANKS 4
 #define TIMEOUT_S 4.0      /* CHORUS_TIMEOUT */
