@@ -19,15 +19,23 @@
  * instrument is LeakSanitizer, which mp_run runs in every rank at its end. */
 #ifdef __SANITIZE_ADDRESS__
 #define RSS_GROWTH_LIMIT_KIB (1L << 30)
-#define CYCLES 100 /* for LeakSanitizer and the fd count; RSS is the plain build's */
+/* for LeakSanitizer and the fd count; RSS is the plain build's */
+#define CYCLES_SHM 100
+#define CYCLES_TCP 100
 #else
 #define RSS_GROWTH_LIMIT_KIB 1024L
-#define CYCLES 500
+/* tcp's cycle costs ~0.25 s: libfabric's rxm layer fills ~150 MiB of bounce
+ * buffers when the endpoint is enabled (1024 per pool, FI_OFI_RXM_BUFFER_SIZE
+ * each) and unmaps them at close; shm's costs ~20 ms */
+#define CYCLES_SHM 2000
+#define CYCLES_TCP 200
 #endif
-/* RSS and fds are measured from cycle FIRST on; the lowest RSS of the
- * cycles before MID is compared with the lowest from MID on. */
-#define FIRST (CYCLES / 10)
-#define MID (CYCLES * 11 / 20)
+/* RSS and fds are measured from cycle n / 10 on; the lowest RSS of the
+ * cycles before 11n / 20 is compared with the lowest from there on. */
+typedef struct {
+  int cycles;
+  long step_kib; /* RSS growth allowed on top of RSS_GROWTH_LIMIT_KIB */
+} cycles_t;
 
 static chorus_comm_t *solo(void) {
   char addr[64];
@@ -187,16 +195,18 @@ static long settled_rss(void) {
 }
 
 static int cycle_rank(int rank, int size, const char *addr, void *arg) {
+  const cycles_t *cy = arg;
+  const int n = cy->cycles, first = n / 10, mid = n * 11 / 20;
   /* glibc gives each new thread (a progress thread per communicator) an
    * arena of its own, up to 8 per core, and memory freed there (tcp's 17 MiB
    * buffer pools) stays with that arena: RSS would climb by a pool per arena
    * before it levels off. One arena keeps RSS a measure of growth. */
   mallopt(M_ARENA_MAX, 1);
   int fds_base = 0;
-  long floor[2] = {-1, -1}; /* lowest RSS over cycles FIRST..MID-1 and MID..CYCLES-1 */
+  long floor[2] = {-1, -1}; /* lowest RSS over cycles first..mid-1 and mid..n-1 */
   float x[64];
 
-  for (int i = 0; i < CYCLES; i++) {
+  for (int i = 0; i < n; i++) {
     chorus_comm_t *c;
     chorus_result rc = chorus_comm_init(&c, rank, size, addr);
     if (rc) {
@@ -215,11 +225,11 @@ static int cycle_rank(int rank, int size, const char *addr, void *arg) {
       fprintf(stderr, "rank %d cycle %d: destroy: %s\n", rank, i, chorus_last_error());
       return 1;
     }
-    if (i == FIRST - 1)
+    if (i == first - 1)
       fds_base = mp_count_fds();
-    if (i >= FIRST - 1) {
+    if (i >= first - 1) {
       long rss = settled_rss();
-      int half = i < MID - 1 ? 0 : 1;
+      int half = i < mid - 1 ? 0 : 1;
       if (floor[half] < 0 || rss < floor[half])
         floor[half] = rss;
     }
@@ -227,7 +237,7 @@ static int cycle_rank(int rank, int size, const char *addr, void *arg) {
   int fds = mp_count_fds();
   printf("rank %d: after %d cycles: fds %d (at %d: %d), lowest RSS KiB over cycles %d-%d: %ld, "
          "%d-%d: %ld\n",
-         rank, CYCLES, fds, FIRST, fds_base, FIRST, MID - 1, floor[0], MID, CYCLES, floor[1]);
+         rank, n, fds, first, fds_base, first, mid - 1, floor[0], mid, n, floor[1]);
   if (fds != fds_base) {
     fprintf(stderr, "rank %d: fd count grew from %d to %d\n", rank, fds_base, fds);
     return 1;
@@ -236,27 +246,28 @@ static int cycle_rank(int rank, int size, const char *addr, void *arg) {
    * cycles (seen: 23 -> 40 -> 23 MiB), which moves peaks, not the floor,
    * except that one such pool may stay for good from any cycle on: the tcp
    * run allows that one step (`arg`). Exact leaks are LeakSanitizer's job. */
-  long limit = RSS_GROWTH_LIMIT_KIB + *(const long *)arg;
+  long limit = RSS_GROWTH_LIMIT_KIB + cy->step_kib;
   if (floor[1] - floor[0] > limit) {
     fprintf(stderr, "rank %d: lowest RSS rose by %ld KiB from cycles %d-%d to %d-%d\n", rank,
-            floor[1] - floor[0], FIRST, MID - 1, MID, CYCLES);
+            floor[1] - floor[0], first, mid - 1, mid, n);
     return 1;
   }
   return 0;
 }
 
-static void cycles(const char *prov, long step_kib) {
+static void cycles(const char *prov, int n, long step_kib) {
   char env[64];
+  cycles_t cy = {n, step_kib};
   snprintf(env, sizeof(env), "CHORUS_PROVIDER=%s", prov);
   const char *envs[] = {env, NULL};
-  mp_result_t r = mp_run(2, cycle_rank, &step_kib, 400, envs);
+  mp_result_t r = mp_run(2, cycle_rank, &cy, 400, envs);
   cr_assert_eq(r.failed, 0, "%s: %d rank(s) failed", prov, r.failed);
   cr_expect_eq(mp_count_dev_shm_of(&r, 2), 0, "%s: the ranks left files in /dev/shm", prov);
 }
 
 Test(api, create_destroy_shm, .timeout = 500) {
-  cycles("shm", 0);
+  cycles("shm", CYCLES_SHM, 0);
 }
 Test(api, create_destroy_tcp, .timeout = 500) {
-  cycles("tcp", 24L * 1024);
+  cycles("tcp", CYCLES_TCP, 24L * 1024);
 }
