@@ -5,7 +5,8 @@
  * Every provider runs the same checks (OFI_TESTS below): message sizes
  * around the inject/CMA switch and large ones in mixed order, truncation,
  * cancel, wake-ups through wait_fd(), -EAGAIN with full queues, close with
- * posted operations, 200 open/close cycles without leaks, and two processes
+ * posted operations, open/close cycles without leaks (200; 50 over tcp, whose
+ * endpoint costs ~0.2 s to open and close: rxm's bounce buffers), and two processes
  * that sleep on their wait fd between rounds.
  */
 #define _GNU_SOURCE
@@ -425,7 +426,7 @@ static int my_dev_shm_files(void) {
 }
 
 static void check_cycles(const char *name) {
-  int fds, shm;
+  int fds, shm, cycles = strcmp(name, "tcp") == 0 ? 50 : 200;
 
   /* The first open loads libfabric's providers for good. */
   open_pair(name);
@@ -433,7 +434,7 @@ static void check_cycles(const char *name) {
   fds = mp_count_fds();
   shm = my_dev_shm_files();
   cr_assert_eq(shm, 0);
-  for (int c = 0; c < 200; c++) {
+  for (int c = 0; c < cycles; c++) {
     static pt_op_t s, r;
     pt_op_t *all[2] = {&s, &r};
     static char a, b;
@@ -579,7 +580,7 @@ static void check_two_processes(const char *name) {
   Test(suite, close_runs_callbacks) {                                                              \
     check_close_with_posted(cfg_name);                                                             \
   }                                                                                                \
-  Test(suite, open_close_200_cycles, .timeout = 300) {                                             \
+  Test(suite, open_close_cycles, .timeout = 300) {                                                 \
     check_cycles(cfg_name);                                                                        \
   }                                                                                                \
   Test(suite, two_processes_sleeping) {                                                            \
