@@ -392,7 +392,8 @@ static size_t progress_once(chorus_comm_t *c) {
   return n;
 }
 
-void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds) {
+static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns,
+                              unsigned max_rounds) {
   uint64_t idle_since = 0;
   unsigned spins = 0, rounds = 0;
 
@@ -432,6 +433,8 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
            * until the application calls again; the sleeper's idle timer
            * re-arms it anyway). */
           p->ops->progress(p); /* flush what the transport still owes peers */
+        } else if (atomic_load(&c->aside)) {
+          atomic_store(&c->handoff, 1); /* comm_drive wakes it when the last driver is out */
         } else if (quiet && (c->armed || p->ops->arm(p) == 0)) {
           c->armed = true;
         } else {
@@ -457,6 +460,49 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
   }
 }
 
+void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds) {
+  atomic_fetch_add(&c->drivers, 1);
+  comm_drive_locked(c, flag, idle_ns, max_rounds);
+  /* The last driver out wakes a progress thread that stepped aside if work
+   * is left for it: this request, still open (the caller is about to sleep
+   * on it), or what a driver left in flight (`handoff`). */
+  if (atomic_fetch_sub(&c->drivers, 1) == 1 && atomic_load(&c->aside) &&
+      (atomic_exchange(&c->handoff, 0) || !atomic_load_explicit(flag, memory_order_acquire))) {
+    uint64_t one = 1;
+    if (write(c->cmd_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+      eng_log(ENG_WARN, c->rank, "progress", "eventfd write: %s", strerror(errno));
+  }
+}
+
+/* An application thread drives (see `drivers`): sleep on the eventfd and
+ * the timer alone until it is gone. Under prog_lock; returns with it. */
+static void progress_step_aside(chorus_comm_t *c) {
+  atomic_store(&c->aside, 1);
+  atomic_store(&c->sleeping, 1);
+  /* Dekker with comm_drive's exit: drivers-- then aside?, against aside=1
+   * then drivers? */
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load(&c->drivers) && !atomic_load(&c->cmd_pending) && !atomic_load(&c->stop)) {
+    if (c->armed) {
+      c->prov->ops->disarm(c->prov);
+      c->armed = false;
+    }
+    bool idle = exec_idle(&c->ex) && !c->parked;
+    struct timeval tv = {idle ? 1 : 0, idle ? 0 : 100000};
+    if (c->ev_wait)
+      event_del(c->ev_wait);
+    evtimer_add(c->ev_timer, &tv);
+    pthread_mutex_unlock(&c->prog_lock);
+    event_base_loop(c->base, EVLOOP_ONCE);
+    pthread_mutex_lock(&c->prog_lock);
+    evtimer_del(c->ev_timer);
+    if (c->ev_wait)
+      event_add(c->ev_wait, NULL);
+  }
+  atomic_store(&c->sleeping, 0);
+  atomic_store(&c->aside, 0);
+}
+
 static void *progress_main(void *arg) {
   chorus_comm_t *c = arg;
   prov_t *p = c->prov;
@@ -466,6 +512,12 @@ static void *progress_main(void *arg) {
 
   pthread_mutex_lock(&c->prog_lock);
   while (!atomic_load(&c->stop)) {
+    if (atomic_load_explicit(&c->drivers, memory_order_relaxed) &&
+        !atomic_load_explicit(&c->cmd_pending, memory_order_relaxed)) {
+      progress_step_aside(c);
+      idle_since = 0;
+      continue;
+    }
     size_t n = progress_once(c);
     if (n) {
       idle_since = 0;

@@ -94,6 +94,17 @@ struct chorus_comm {
    * chorus_wait (caller-driven progress: no hand-off, no wake-up). */
   pthread_mutex_t prog_lock;
   bool armed; /* under prog_lock: the transport is armed for a sleeper */
+  /* Application threads inside comm_drive. While there is one, the progress
+   * thread steps aside: it sleeps on its eventfd and timer only (`aside`),
+   * not on the transport, so that it neither takes prog_lock from the
+   * waiting thread nor wakes for the traffic that thread is reading. Left
+   * alone, the two took turns: the progress thread ran each call while the
+   * application thread yielded, a context switch per call, and on two cores
+   * shared by two ranks a 32 KiB allreduce stayed at 20-30 us for the whole
+   * run instead of 11 us. */
+  atomic_int drivers;
+  atomic_int aside;
+  atomic_int handoff; /* a driver left work in flight for the progress thread */
   atomic_int stop;
 
   /* shared between application and progress threads, under lock */
