@@ -745,6 +745,11 @@ static const char *choose_provider(const chorus_comm_t *c) {
   return "shm+tcp";
 }
 
+bool comm_intra_network(const chorus_comm_t *c) {
+  const char *name = choose_provider(c);
+  return strcmp(name, "inproc") != 0 && strncmp(name, "shm", 3) != 0;
+}
+
 /* Bouncing costs a second copy to save CMA's page pinning: a gain while a
  * core is free to make it, not when ranks outnumber the cores; then only
  * messages up to a quarter of CHORUS_SHM_BOUNCE, where pinning dominates. */
