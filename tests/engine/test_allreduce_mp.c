@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "chorus.h"
@@ -130,4 +131,34 @@ Test(allreduce_mp, udp_2) {
  * old stalls was never pinned down, so it runs again to show a regression. */
 Test(allreduce_mp, udp_4) {
   run_matrix_big("udp", 4, 1u << 20);
+}
+
+/* Ranks of one host that talk over tcp pay tcp's per-message cost, so at 2
+ * ranks a 32 KiB allreduce is one exchange (recursive doubling), not the
+ * ring's two: the model's intra-host link is the provider's, not shm's. */
+static int choice_rank(int rank, int size, const char *addr, void *arg) {
+  chorus_comm_t *c;
+  float x[8192];
+  chorus_result rc = chorus_comm_init(&c, rank, size, addr);
+  if (rc) {
+    fprintf(stderr, "rank %d: init: %s: %s\n", rank, chorus_strerror(rc), chorus_last_error());
+    return 1;
+  }
+  for (size_t i = 0; i < 8192; i++)
+    x[i] = (float)(rank + i % 7);
+  rc = chorus_allreduce(c, x, x, 8192, CHORUS_FLOAT32, CHORUS_SUM);
+  int bad = rc != CHORUS_SUCCESS || x[3] != (float)(1 + 2 * 3);
+  if (strcmp(chorus_comm_last_algorithm(c), *(const char **)arg) != 0) {
+    fprintf(stderr, "rank %d: 32 KiB allreduce over %s ran %s, expected %s\n", rank,
+            chorus_comm_provider(c), chorus_comm_last_algorithm(c), *(const char **)arg);
+    bad = 1;
+  }
+  return chorus_comm_destroy(c) != CHORUS_SUCCESS || bad;
+}
+
+Test(allreduce_mp, tcp_2_choice) {
+  const char *want = "rd";
+  const char *envs[] = {"CHORUS_PROVIDER=tcp", "CHORUS_ALGO=", NULL};
+  mp_result_t r = mp_run(2, choice_rank, &want, 60, envs);
+  cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
 }
