@@ -342,7 +342,16 @@ static size_t start_commands(chorus_comm_t *c) {
 }
 
 /* One round of progress: transport, new commands, runs. Under prog_lock. */
+static size_t progress_round(chorus_comm_t *c);
+
+/* One round of progress, time stamps held at its start (fsm_clock_hold). */
 static size_t progress_once(chorus_comm_t *c) {
+  size_t n = progress_round(c);
+  fsm_clock_release();
+  return n;
+}
+
+static size_t progress_round(chorus_comm_t *c) {
   prov_t *p = c->prov;
   size_t n = 0;
   uint64_t stall = atomic_load_explicit(&c->stall_until_ns, memory_order_relaxed);
@@ -357,14 +366,15 @@ static size_t progress_once(chorus_comm_t *c) {
     }
     atomic_store(&c->stall_until_ns, 0);
   }
+  uint64_t now = fsm_clock_hold(); /* released by progress_once */
   if (c->ex.trace)
-    atomic_store_explicit(&c->ckpt.progress_ns, fsm_now_ns(), memory_order_relaxed);
+    atomic_store_explicit(&c->ckpt.progress_ns, now, memory_order_relaxed);
   if (atomic_load_explicit(&c->abort_pending, memory_order_acquire) &&
       atomic_exchange(&c->abort_pending, 0))
     exec_fail_all(&c->ex, atomic_load(&c->async_rc));
   if (c->parked) {
     chorus_result v = (chorus_result)atomic_load(&c->async_rc);
-    if (v || fsm_now_ns() > c->parked_until) {
+    if (v || now > c->parked_until) {
       while (c->parked) {
         chorus_request_t *r = c->parked;
         c->parked = r->next_parked;
@@ -380,8 +390,10 @@ static size_t progress_once(chorus_comm_t *c) {
   }
   int pc = p->ops->progress(p);
 
-  if (pc > 0)
+  if (pc > 0) {
     n += (size_t)pc;
+    fsm_clock_refresh(); /* the transport may have copied for a while */
+  }
   else if (pc < 0 && !exec_idle(&c->ex)) {
     comm_error(c, CHORUS_ERR_TRANSPORT, "transport progress failed: %s", strerror(-pc));
     exec_fail_all(&c->ex, CHORUS_ERR_TRANSPORT);

@@ -114,7 +114,7 @@ static void a_dep(fsm_inst_t *i, const fsm_event_t *ev) {
 
 static void stamp(exec_step_t *st) {
   if (st->ex->ctx->trace)
-    st->since_ns = fsm_now_ns();
+    st->since_ns = fsm_stamp_ns();
 }
 
 static void a_dep_ready(fsm_inst_t *i, const fsm_event_t *ev) {
@@ -169,6 +169,8 @@ static void a_run(fsm_inst_t *i, const fsm_event_t *ev) {
   default:
     break;
   }
+  if (ps->bytes >= 65536)
+    fsm_clock_refresh(); /* that took a while */
   ex->ndone++;
   notify_successors(st);
 }

@@ -44,6 +44,28 @@ uint64_t fsm_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static _Thread_local uint64_t fsm_held_ns;
+static _Thread_local bool fsm_held;
+
+uint64_t fsm_clock_hold(void) {
+  fsm_held_ns = fsm_now_ns();
+  fsm_held = true;
+  return fsm_held_ns;
+}
+
+void fsm_clock_refresh(void) {
+  if (fsm_held)
+    fsm_held_ns = fsm_now_ns();
+}
+
+void fsm_clock_release(void) {
+  fsm_held = false;
+}
+
+uint64_t fsm_stamp_ns(void) {
+  return fsm_held ? fsm_held_ns : fsm_now_ns();
+}
+
 void fsm_init(fsm_inst_t *inst, const fsm_machine_t *m, int initial, uint32_t actor_id,
               uint32_t group) {
   if (!inst)
@@ -109,7 +131,7 @@ static void fsm_journal_note(const fsm_inst_t *inst, int from, int event, int to
 
   if (!fsm_journal_enabled())
     return;
-  r.t_ns = fsm_now_ns();
+  r.t_ns = fsm_stamp_ns();
   r.actor = inst->actor_id;
   r.group = inst->group;
   r.machine = inst->machine->id;
