@@ -393,8 +393,7 @@ static size_t progress_round(chorus_comm_t *c) {
   if (pc > 0) {
     n += (size_t)pc;
     fsm_clock_refresh(); /* the transport may have copied for a while */
-  }
-  else if (pc < 0 && !exec_idle(&c->ex)) {
+  } else if (pc < 0 && !exec_idle(&c->ex)) {
     comm_error(c, CHORUS_ERR_TRANSPORT, "transport progress failed: %s", strerror(-pc));
     exec_fail_all(&c->ex, CHORUS_ERR_TRANSPORT);
   }

@@ -26,9 +26,9 @@
 struct event_base;
 
 typedef struct fsm_event {
-  int sig;       /* which event */
-  int64_t arg;   /* small payload (status, length...) */
-  void *ptr;     /* optional payload */
+  int sig;     /* which event */
+  int64_t arg; /* small payload (status, length...) */
+  void *ptr;   /* optional payload */
 } fsm_event_t;
 
 typedef struct fsm_inst fsm_inst_t;
@@ -46,11 +46,11 @@ typedef struct fsm_row {
 
 typedef struct fsm_machine {
   const char *name;
-  uint16_t id;                     /* journal id; fsm_machine_register() assigns; 0: none */
+  uint16_t id; /* journal id; fsm_machine_register() assigns; 0: none */
   int nstates;
-  const char *const *state_names;  /* nstates entries */
+  const char *const *state_names; /* nstates entries */
   int nevents;
-  const char *const *event_names;  /* nevents entries */
+  const char *const *event_names; /* nevents entries */
   const fsm_row_t *rows;
   size_t nrows;
 } fsm_machine_t;
@@ -79,13 +79,13 @@ int fsm_machine_check(const fsm_machine_t *m);
 #define FSM_JOURNAL_MISS 0xffff /* `to` value of a journaled unhandled event */
 
 typedef struct fsm_record {
-  uint64_t t_ns;     /* CLOCK_MONOTONIC */
+  uint64_t t_ns; /* CLOCK_MONOTONIC */
   uint32_t actor;
   uint32_t group;
-  uint16_t machine;  /* fsm_machine_t.id */
+  uint16_t machine; /* fsm_machine_t.id */
   uint16_t from;
   uint16_t event;
-  uint16_t to;       /* FSM_JOURNAL_MISS for an event with no transition */
+  uint16_t to; /* FSM_JOURNAL_MISS for an event with no transition */
 } fsm_record_t;
 
 /* Capacity (records, rounded up to a power of two; 0: default 65536); call
