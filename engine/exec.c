@@ -20,6 +20,7 @@
 
 #include "eng.h"
 #include "exec.h"
+#include "memcopy.h"
 #include "reduce.h"
 
 enum { S_WAIT, S_READY, S_POSTED, S_DONE, S_FAILED, S_COUNT };
@@ -160,7 +161,7 @@ static void a_run(fsm_inst_t *i, const fsm_event_t *ev) {
     borrow_consumed(ex, st);
     break;
   case STEP_COPY:
-    memcpy(at(ex, ps->dst), src_ptr(ex, st, ps->src), ps->bytes);
+    memcopy(at(ex, ps->dst), src_ptr(ex, st, ps->src), ps->bytes);
     borrow_consumed(ex, st);
     break;
   case STEP_SCALE:

@@ -91,6 +91,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
 
+#include "memcopy.h"
 #include "memreg.h"
 #include "prov_internal.h"
 
@@ -1120,7 +1121,7 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
     o->bounce_free &= ~(1u << k);
     s->bounce = k + 1;
     unsigned char *copy = o->bounce + (size_t)k * OFI_BOUNCE_SLOT;
-    memcpy(copy, buf, len);
+    memcopy(copy, buf, len);
     buf = copy;
     s->desc.addr = (uint64_t)(uintptr_t)copy;
     s->desc.flags = OFI_DESC_BOUNCE;
@@ -1307,7 +1308,7 @@ static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t
       s->op->internal[3] = (void *)(intptr_t)s->peer;
       return 0;
     }
-    memcpy(buf, mapped, (size_t)d.len);
+    memcopy(buf, mapped, (size_t)d.len);
     if (!bounced)
       o->rndv_stats.mapped_bytes += d.len;
     if (!ofi_send_ack(o, s->peer, d.cookie, 0))
