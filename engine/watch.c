@@ -426,6 +426,10 @@ chorus_result watch_start(chorus_comm_t *c) {
   }
   w->fd = fd;
   c->clock_offset_ns = off;
+  /* The first heartbeat goes before chorus_comm_init returns: the judge counts a rank's
+   * silence from its first beat, and a rank frozen right after init, before this thread
+   * ran, was never declared lost (test_recover's frozen rank over shm, seen once). */
+  (void)send_beat(w, false);
   /* signals go to the application's threads, not this one */
   sigset_t all, old;
   sigfillset(&all);
