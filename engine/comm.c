@@ -341,16 +341,17 @@ static size_t start_commands(chorus_comm_t *c) {
   return n;
 }
 
-/* One round of progress: transport, new commands, runs. Under prog_lock. */
 static size_t progress_round(chorus_comm_t *c);
 
-/* One round of progress, time stamps held at its start (fsm_clock_hold). */
+/* One round of progress (progress_round), time stamps held at its start
+ * (fsm_clock_hold). */
 static size_t progress_once(chorus_comm_t *c) {
   size_t n = progress_round(c);
   fsm_clock_release();
   return n;
 }
 
+/* One round of progress: transport, new commands, runs. Under prog_lock. */
 static size_t progress_round(chorus_comm_t *c) {
   prov_t *p = c->prov;
   size_t n = 0;
@@ -485,6 +486,16 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
   }
 }
 
+/* Sleep on the event base (the fds added to it, the timer at tv) without
+ * prog_lock. Under prog_lock; returns with it. */
+static void progress_sleep(chorus_comm_t *c, const struct timeval *tv) {
+  evtimer_add(c->ev_timer, tv);
+  pthread_mutex_unlock(&c->prog_lock);
+  event_base_loop(c->base, EVLOOP_ONCE);
+  pthread_mutex_lock(&c->prog_lock);
+  evtimer_del(c->ev_timer);
+}
+
 /* An application thread drives (see `drivers`): sleep on the eventfd and
  * the timer alone until it is gone. Under prog_lock; returns with it. */
 static void progress_step_aside(chorus_comm_t *c) {
@@ -502,11 +513,7 @@ static void progress_step_aside(chorus_comm_t *c) {
     struct timeval tv = {idle ? 1 : 0, idle ? 0 : 100000};
     if (c->ev_wait)
       event_del(c->ev_wait);
-    evtimer_add(c->ev_timer, &tv);
-    pthread_mutex_unlock(&c->prog_lock);
-    event_base_loop(c->base, EVLOOP_ONCE);
-    pthread_mutex_lock(&c->prog_lock);
-    evtimer_del(c->ev_timer);
+    progress_sleep(c, &tv);
     if (c->ev_wait)
       event_add(c->ev_wait, NULL);
   }
@@ -568,11 +575,7 @@ static void *progress_main(void *arg) {
       tv.tv_sec = idle ? 1 : 0;
       tv.tv_usec = idle ? 0 : 100000;
     }
-    evtimer_add(c->ev_timer, &tv);
-    pthread_mutex_unlock(&c->prog_lock);
-    event_base_loop(c->base, EVLOOP_ONCE);
-    pthread_mutex_lock(&c->prog_lock);
-    evtimer_del(c->ev_timer);
+    progress_sleep(c, &tv);
     if (c->armed) {
       p->ops->disarm(p);
       c->armed = false;
