@@ -1739,10 +1739,25 @@ static long ofi_elapsed_ns(const struct timespec *t0) {
 
 /* libfabric's tcp provider (1.17) can leave behind a connection a peer
  * opened to us while the endpoint was closing (seen after a failure, when
- * ranks close at different times): a socket in CLOSE_WAIT whose local port
- * is our endpoint's, still open after every fi_close succeeded. Such a
- * socket is ours by its port; close it. */
-static void ofi_close_strays(uint16_t port) {
+ * ranks close at different times): its listener accepted the socket but the
+ * peer's connection request had not been read when the listener closed, and
+ * closing the listener forgets the half-accepted connection (its memory and
+ * its socket; fixed upstream in 2026, "prov/tcp: Fix PEP close
+ * use-after-free"). Such a socket has our listener's port as its local port.
+ * Before closing, ofi_port_socks() notes the sockets on that port (while the
+ * listener holds it, none can be another endpoint's); after every fi_close,
+ * ofi_close_strays() closes those still open, and any other socket on the
+ * port whose peer has closed (CLOSE_WAIT: accepted during the close), never a
+ * live socket another endpoint may have bound to the port since. */
+#define OFI_STRAYS_MAX 64
+typedef struct ofi_strays {
+  int n;
+  int fd[OFI_STRAYS_MAX];
+  ino_t ino[OFI_STRAYS_MAX];
+} ofi_strays_t;
+
+/* Calls fn for each socket of this process whose local port is `port`. */
+static void ofi_each_port_sock(uint16_t port, void (*fn)(int fd, ino_t ino, void *arg), void *arg) {
   DIR *d = port ? opendir("/proc/self/fd") : NULL;
   if (!d)
     return;
@@ -1758,15 +1773,40 @@ static void ofi_close_strays(uint16_t port) {
     uint16_t p = ss.ss_family == AF_INET    ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
                  : ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                                             : 0;
-    struct tcp_info ti;
-    socklen_t tl = sizeof(ti);
-    /* only a connection its peer closed: never a socket another endpoint
-     * of this process may have bound to the port since */
-    if (p == port && getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 &&
-        ti.tcpi_state == TCP_CLOSE_WAIT)
-      close(fd);
+    if (p == port)
+      fn(fd, st.st_ino, arg);
   }
   closedir(d);
+}
+
+static void ofi_note_sock(int fd, ino_t ino, void *arg) {
+  ofi_strays_t *s = arg;
+  if (s->n < OFI_STRAYS_MAX) {
+    s->fd[s->n] = fd;
+    s->ino[s->n++] = ino;
+  }
+}
+
+static void ofi_port_socks(uint16_t port, ofi_strays_t *s) {
+  s->n = 0;
+  ofi_each_port_sock(port, ofi_note_sock, s);
+}
+
+static void ofi_close_stray(int fd, ino_t ino, void *arg) {
+  const ofi_strays_t *s = arg;
+  for (int i = 0; i < s->n; i++)
+    if (s->fd[i] == fd && s->ino[i] == ino) {
+      close(fd);
+      return;
+    }
+  struct tcp_info ti;
+  socklen_t tl = sizeof(ti);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 && ti.tcpi_state == TCP_CLOSE_WAIT)
+    close(fd);
+}
+
+static void ofi_close_strays(uint16_t port, const ofi_strays_t *s) {
+  ofi_each_port_sock(port, ofi_close_stray, (void *)s);
 }
 
 static void ofi_close(prov_t *p) {
@@ -1792,6 +1832,8 @@ static void ofi_close(prov_t *p) {
       nanosleep(&nap, NULL);
     }
   }
+  ofi_strays_t strays;
+  ofi_port_socks(o->listen_port, &strays);
   fi_close(&o->ep->fid);
   /* What never completed (sends to a peer that never received) is ours to end. */
   for (i = 0; i < 2 * o->max_posted; i++)
@@ -1811,7 +1853,7 @@ static void ofi_close(prov_t *p) {
   fi_close(&o->av->fid);
   fi_close(&o->domain->fid);
   fi_close(&o->fabric->fid);
-  ofi_close_strays(o->listen_port);
+  ofi_close_strays(o->listen_port, &strays);
   fi_freeinfo(o->info);
   db_close(o);
   free(o->slots);

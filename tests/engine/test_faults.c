@@ -470,7 +470,8 @@ typedef struct result {
   int done;
   int outcome;
   int leak;
-  int faulted; /* the fault was injected at least once */
+  int faulted;        /* the fault was injected at least once */
+  char leak_why[480]; /* what leaked, for the summary at the end (the runs' logs are long) */
 } result_t;
 
 /* One run, in a process of its own (its stderr goes to a file). */
@@ -551,12 +552,17 @@ static void run_one(enum fault f, enum coll k, int prov, unsigned long seed, res
     if (r.status[i] != 0) { /* the report was written: LeakSanitizer failed the rank */
       leak = true;
       snprintf(why[i], sizeof(why[i]), "LeakSanitizer found leaks");
+      snprintf(res->leak_why, sizeof(res->leak_why), "%.64s seed %lu: rank %d: %s", name, seed, i,
+               "LeakSanitizer found leaks");
     }
     if (p->fd1 != p->fd0) {
       leak = true;
       snprintf(why[i], sizeof(why[i]),
                "fds %d before init, %d after destroy (%d half a second later): new %s", p->fd0,
                p->fd1, p->fd1_late, p->fd_new);
+      snprintf(res->leak_why, sizeof(res->leak_why),
+               "%.64s seed %lu: rank %d: fds %d -> %d: new %.360s", name, seed, i, p->fd0,
+               p->fd1_late, p->fd_new);
     }
     if (p->wrong) {
       o = o < O_WRONG ? O_WRONG : o;
@@ -591,6 +597,9 @@ static void run_one(enum fault f, enum coll k, int prov, unsigned long seed, res
     o = O_CLEAN;
   res->outcome = o;
   res->leak = leak;
+  if (shm_left && !res->leak_why[0])
+    snprintf(res->leak_why, sizeof(res->leak_why), "%.64s seed %lu: %d /dev/shm files left", name,
+             seed, shm_left);
   if (f == F_KILL)
     res->faulted = r.status[KILL_RANK] == -SIGKILL;
   else if (f == F_STALL)
@@ -769,6 +778,11 @@ Test(faults, matrix) {
       x->faulted += res[i].faulted;
     }
   }
+  /* the leaks again, last, where a truncated log still shows them */
+  char leaks[2048] = "";
+  for (int i = 0, off = 0; i < nruns; i++)
+    if (res[i].leak && off < (int)sizeof(leaks))
+      off += snprintf(leaks + off, sizeof(leaks) - (size_t)off, "\n  leak: %s", res[i].leak_why);
   munmap(res, sizeof(result_t) * (size_t)nruns);
 
   char line[256];
@@ -806,7 +820,7 @@ Test(faults, matrix) {
 
   cr_expect_eq(tot.n[O_HANG], 0, "%d runs hung", tot.n[O_HANG]);
   cr_expect_eq(tot.n[O_CRASH], 0, "%d runs crashed", tot.n[O_CRASH]);
-  cr_expect_eq(tot.leaks, 0, "%d runs leaked", tot.leaks);
+  cr_expect_eq(tot.leaks, 0, "%d runs leaked:%s", tot.leaks, leaks);
   cr_expect_eq(tot.n[O_WRONG], 0, "%d runs gave a wrong result", tot.n[O_WRONG]);
   cr_expect(rows_ok, "%d runs ended neither correct nor with a clean error",
             tot.runs - tot.n[O_CORRECT] - tot.n[O_CLEAN]);
