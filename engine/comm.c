@@ -1143,6 +1143,15 @@ void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake) {
   c->cmd_tail = req;
   atomic_store_explicit(&c->cmd_pending, 1, memory_order_release);
   pthread_mutex_unlock(&c->lock);
-  if (wake)
+  if (!wake)
+    return;
+  /* Start it from this thread when the progress engine is free: its first
+   * sends are posted before the call returns, and a sleeping progress thread
+   * is not woken (a wake-up and a switch to it cost ~20 us of a 2-rank
+   * exchange on shm), only armed to wake when the transport has news. When
+   * the engine is busy, its holder starts it; a sleeper is woken all the
+   * same when the request is still queued. */
+  comm_drive(c, &req->done, 0, 1);
+  if (atomic_load(&c->cmd_pending))
     progress_wake(c);
 }
