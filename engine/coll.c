@@ -758,7 +758,7 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
                        .dtype = k->dtype,
                        .op = coll_reduces(k->coll) ? k->op : CHORUS_SUM,
                        .inplace = multi || inplace,
-                       .chunk_bytes = c->chunk_bytes,
+                       .chunk_bytes = k->coll == COLL_BCAST ? c->bcast_chunk_bytes : c->chunk_bytes,
                        .topo = c->topo};
   const algo_desc_t *d = sel_memo_find(c, &sh.a);
   if (!d) {
@@ -1156,20 +1156,36 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
  * 4 MiB). A chunk size the user set is kept. */
 #define SEL_TURN_S 25e-6
 #define SEL_DEFAULT_CHUNK (256 * 1024) /* CHORUS_CHUNK_BYTES's default (settings.c) */
+/* Over a network provider, every chunk is a message of its own, and past
+ * rxm's eager size a rendezvous with its round trips (~50 us on loopback
+ * tcp). A chunk of a reduction pays for itself, overlapping the reduction
+ * with the next transfer; a chunk of a broadcast overlaps nothing on two
+ * ranks and little more on a few: bcast takes chunks of SEL_NET_BCAST_CHUNK
+ * (2-rank 2 MiB bcast over tcp, median of 8 interleaved runs: 1317 us in
+ * 256 KiB chunks, 1029 in one message). Not allgather, whose messages
+ * cross in both directions: 1054 us in 256 KiB chunks, 1247 in one. */
+#define SEL_NET_BCAST_CHUNK (4u << 20)
 static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   c->chunk_bytes = c->set.chunk_bytes;
+  c->bcast_chunk_bytes = c->set.chunk_bytes;
   /* ranks of one host that talk over tcp (say) pay its costs, not shm's:
    * at 2 ranks, a 32 KiB allreduce by recursive doubling (one 32 KiB
    * exchange) then beats the ring (two of 16 KiB), 41 us against 60 */
-  if (comm_intra_network(c))
+  if (comm_intra_network(c)) {
     s->intra = s->inter;
+    if (c->set.chunk_bytes == SEL_DEFAULT_CHUNK)
+      c->bcast_chunk_bytes = SEL_NET_BCAST_CHUNK;
+  }
   int per_core = coll_ranks_per_core(c);
   if (per_core <= 1)
     return;
   s->intra.alpha += SEL_TURN_S * per_core;
   s->inter.alpha += SEL_TURN_S * per_core;
-  if (c->set.chunk_bytes == SEL_DEFAULT_CHUNK)
+  if (c->set.chunk_bytes == SEL_DEFAULT_CHUNK) {
     c->chunk_bytes = SEL_DEFAULT_CHUNK * (size_t)per_core;
+    if (c->bcast_chunk_bytes < c->chunk_bytes)
+      c->bcast_chunk_bytes = c->chunk_bytes;
+  }
 }
 
 chorus_result coll_comm_init(chorus_comm_t *c) {

@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "chorus.h"
+#include "comm.h"
 #include "mp.h"
 
 #define PRIME 7919
@@ -160,5 +161,71 @@ Test(allreduce_mp, tcp_2_choice) {
   const char *want = "rd";
   const char *envs[] = {"CHORUS_PROVIDER=tcp", "CHORUS_ALGO=", NULL};
   mp_result_t r = mp_run(2, choice_rank, &want, 60, envs);
+  cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
+}
+
+/* Broadcasts over a network provider take 4 MiB chunks (each chunk is a
+ * rendezvous there, and a broadcast has no reduction to overlap it with),
+ * reductions keep the default; over shm, or with CHORUS_CHUNK_BYTES set,
+ * one chunk size for all. A 2 MiB bcast gives the root's data either way. */
+typedef struct chunk_want {
+  size_t chunk, bcast_chunk;
+} chunk_want_t;
+
+static int chunk_rank(int rank, int size, const char *addr, void *arg) {
+  const chunk_want_t *w = arg;
+  chorus_comm_t *c;
+  chorus_result rc = chorus_comm_init(&c, rank, size, addr);
+  if (rc) {
+    fprintf(stderr, "rank %d: init: %s: %s\n", rank, chorus_strerror(rc), chorus_last_error());
+    return 1;
+  }
+  int bad = 0;
+  /* a default chunk grows by ranks per core (1 on a machine of 2 cores or more) */
+  size_t per_core = getenv("CHORUS_CHUNK_BYTES") ? 1 : (size_t)coll_ranks_per_core(c);
+  size_t chunk = w->chunk * per_core;
+  size_t bcast_chunk = w->bcast_chunk > chunk ? w->bcast_chunk : chunk;
+  if (c->chunk_bytes != chunk || c->bcast_chunk_bytes != bcast_chunk) {
+    fprintf(stderr, "rank %d over %s: chunk %zu, bcast chunk %zu; expected %zu and %zu\n", rank,
+            chorus_comm_provider(c), c->chunk_bytes, c->bcast_chunk_bytes, chunk, bcast_chunk);
+    bad = 1;
+  }
+  const size_t n = 512 * 1024;
+  int32_t *x = malloc(n * sizeof(*x));
+  for (size_t i = 0; i < n && x; i++)
+    x[i] = rank == 1 ? (int32_t)(i * 7 + 3) : -1;
+  rc = x ? chorus_bcast(c, x, x, n, CHORUS_INT32, 1) : CHORUS_ERR_NO_MEMORY;
+  for (size_t i = 0; i < n && rc == CHORUS_SUCCESS; i++)
+    if (x[i] != (int32_t)(i * 7 + 3)) {
+      fprintf(stderr, "rank %d: bcast element %zu is %d\n", rank, i, (int)x[i]);
+      bad = 1;
+      break;
+    }
+  if (rc) {
+    fprintf(stderr, "rank %d: bcast: %s: %s\n", rank, chorus_strerror(rc), chorus_last_error());
+    bad = 1;
+  }
+  free(x);
+  return chorus_comm_destroy(c) != CHORUS_SUCCESS || bad;
+}
+
+Test(allreduce_mp, bcast_chunk_tcp) {
+  chunk_want_t w = {256 * 1024, 4 << 20};
+  const char *envs[] = {"CHORUS_PROVIDER=tcp", NULL};
+  mp_result_t r = mp_run(2, chunk_rank, &w, 60, envs);
+  cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
+}
+
+Test(allreduce_mp, bcast_chunk_shm) {
+  chunk_want_t w = {256 * 1024, 256 * 1024};
+  const char *envs[] = {"CHORUS_PROVIDER=shm", NULL};
+  mp_result_t r = mp_run(2, chunk_rank, &w, 60, envs);
+  cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
+}
+
+Test(allreduce_mp, bcast_chunk_tcp_set) {
+  chunk_want_t w = {64 * 1024, 64 * 1024};
+  const char *envs[] = {"CHORUS_PROVIDER=tcp", "CHORUS_CHUNK_BYTES=64K", NULL};
+  mp_result_t r = mp_run(2, chunk_rank, &w, 60, envs);
   cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
 }
