@@ -2,7 +2,7 @@
 # bench-trace.sh - what tracing costs: chorus-perf with CHORUS_TRACE=1 (the
 # default: fingerprints on every message, checkpoints, the watchdog's
 # heartbeats, journal) against CHORUS_TRACE=0 and CHORUS_JOURNAL=0, in
-# rounds interleaved (on, off, on, off, ...) in one run of this script, so
+# rounds interleaved (on, off; off, on; ...) in one run of this script, so
 # the machine's noise hits both alike. Prints per size the median busbw of
 # each and their ratio (on / off). --on/--off compare other settings the
 # same way (e.g. --on CHORUS_CHECKSUM=1 --off CHORUS_CHECKSUM=0).
@@ -48,10 +48,17 @@ run() { # mode size
     sed -n 's/^\[0\] //p' | grep '^{' >>"$out/$1-$2.jsonl"
 }
 
+# on first in odd rounds, off first in even ones: whichever goes first in a
+# pair (a fresh process after the other's exit) is not always the same side
 for ((r = 1; r <= rounds; r++)); do
   for s in "${sizes[@]}"; do
-    run on "$s"
-    run off "$s"
+    if ((r % 2)); then
+      run on "$s"
+      run off "$s"
+    else
+      run off "$s"
+      run on "$s"
+    fi
   done
 done
 
