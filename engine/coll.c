@@ -1166,26 +1166,21 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
  * cross in both directions: 1054 us in 256 KiB chunks, 1247 in one. */
 #define SEL_NET_BCAST_CHUNK (4u << 20)
 static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
-  c->chunk_bytes = c->set.chunk_bytes;
-  c->bcast_chunk_bytes = c->set.chunk_bytes;
+  const bool dflt = c->set.chunk_bytes == SEL_DEFAULT_CHUNK; /* else kept as set */
+  const bool net = comm_intra_network(c);
+  int per_core = coll_ranks_per_core(c);
   /* ranks of one host that talk over tcp (say) pay its costs, not shm's:
    * at 2 ranks, a 32 KiB allreduce by recursive doubling (one 32 KiB
    * exchange) then beats the ring (two of 16 KiB), 41 us against 60 */
-  if (comm_intra_network(c)) {
+  if (net)
     s->intra = s->inter;
-    if (c->set.chunk_bytes == SEL_DEFAULT_CHUNK)
-      c->bcast_chunk_bytes = SEL_NET_BCAST_CHUNK;
+  if (per_core > 1) {
+    s->intra.alpha += SEL_TURN_S * per_core;
+    s->inter.alpha += SEL_TURN_S * per_core;
   }
-  int per_core = coll_ranks_per_core(c);
-  if (per_core <= 1)
-    return;
-  s->intra.alpha += SEL_TURN_S * per_core;
-  s->inter.alpha += SEL_TURN_S * per_core;
-  if (c->set.chunk_bytes == SEL_DEFAULT_CHUNK) {
-    c->chunk_bytes = SEL_DEFAULT_CHUNK * (size_t)per_core;
-    if (c->bcast_chunk_bytes < c->chunk_bytes)
-      c->bcast_chunk_bytes = c->chunk_bytes;
-  }
+  c->chunk_bytes = dflt ? SEL_DEFAULT_CHUNK * (size_t)per_core : c->set.chunk_bytes;
+  c->bcast_chunk_bytes =
+      dflt && net && c->chunk_bytes < SEL_NET_BCAST_CHUNK ? SEL_NET_BCAST_CHUNK : c->chunk_bytes;
 }
 
 chorus_result coll_comm_init(chorus_comm_t *c) {

@@ -33,6 +33,14 @@
 #include "topo.h"
 #include "watch.h"
 
+/* Wakes the progress thread: a count on its eventfd (any thread). A full
+ * counter (EAGAIN) is a wake-up already pending. */
+static void progress_kick(chorus_comm_t *c) {
+  uint64_t one = 1;
+  if (c->cmd_fd >= 0 && write(c->cmd_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    eng_log(ENG_WARN, c->rank, "progress", "eventfd write: %s", strerror(errno));
+}
+
 /* ---- errors ---- */
 
 chorus_result comm_error(chorus_comm_t *c, chorus_result rc, const char *fmt, ...) {
@@ -64,9 +72,7 @@ chorus_result comm_fail(chorus_comm_t *c, chorus_result rc, const char *text) {
   pthread_mutex_unlock(&c->lock);
   if (first) {
     eng_log(ENG_ERR, c->rank, "comm", "communicator failed (%s): %s", chorus_strerror(rc), text);
-    uint64_t one = 1;
-    if (c->cmd_fd >= 0 && write(c->cmd_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-      eng_log(ENG_WARN, c->rank, "progress", "eventfd write: %s", strerror(errno));
+    progress_kick(c);
     if (c->watch)
       watch_notify_failure(c->watch);
   }
@@ -341,16 +347,6 @@ static size_t start_commands(chorus_comm_t *c) {
   return n;
 }
 
-static size_t progress_round(chorus_comm_t *c);
-
-/* One round of progress (progress_round), time stamps held at its start
- * (fsm_clock_hold). */
-static size_t progress_once(chorus_comm_t *c) {
-  size_t n = progress_round(c);
-  fsm_clock_release();
-  return n;
-}
-
 /* One round of progress: transport, new commands, runs. Under prog_lock. */
 static size_t progress_round(chorus_comm_t *c) {
   prov_t *p = c->prov;
@@ -404,6 +400,14 @@ static size_t progress_round(chorus_comm_t *c) {
   return n;
 }
 
+/* One round of progress (progress_round), time stamps held at its start
+ * (fsm_clock_hold). */
+static size_t progress_once(chorus_comm_t *c) {
+  size_t n = progress_round(c);
+  fsm_clock_release();
+  return n;
+}
+
 static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns,
                               unsigned max_rounds) {
   uint64_t idle_since = 0;
@@ -450,9 +454,7 @@ static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
         } else if (quiet && (c->armed || p->ops->arm(p) == 0)) {
           c->armed = true;
         } else {
-          uint64_t one = 1;
-          if (write(c->cmd_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-            eng_log(ENG_WARN, c->rank, "progress", "eventfd write: %s", strerror(errno));
+          progress_kick(c);
         }
       }
       pthread_mutex_unlock(&c->prog_lock);
@@ -479,11 +481,8 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
    * is left for it: this request, still open (the caller is about to sleep
    * on it), or what a driver left in flight (`handoff`). */
   if (atomic_fetch_sub(&c->drivers, 1) == 1 && atomic_load(&c->aside) &&
-      (atomic_exchange(&c->handoff, 0) || !atomic_load_explicit(flag, memory_order_acquire))) {
-    uint64_t one = 1;
-    if (write(c->cmd_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-      eng_log(ENG_WARN, c->rank, "progress", "eventfd write: %s", strerror(errno));
-  }
+      (atomic_exchange(&c->handoff, 0) || !atomic_load_explicit(flag, memory_order_acquire)))
+    progress_kick(c);
 }
 
 /* Sleep on the event base (the fds added to it, the timer at tv) without
@@ -588,10 +587,9 @@ static void *progress_main(void *arg) {
 }
 
 static void progress_wake(chorus_comm_t *c) {
-  uint64_t one = 1;
   atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load(&c->sleeping) && write(c->cmd_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-    eng_log(ENG_WARN, c->rank, "progress", "eventfd write: %s", strerror(errno));
+  if (atomic_load(&c->sleeping))
+    progress_kick(c);
 }
 
 static int progress_start(chorus_comm_t *c) {
@@ -620,10 +618,8 @@ static int progress_start(chorus_comm_t *c) {
 
 static void progress_stop(chorus_comm_t *c) {
   if (c->thread_started) {
-    uint64_t one = 1;
     atomic_store(&c->stop, 1);
-    if (write(c->cmd_fd, &one, sizeof(one)) < 0)
-      eng_log(ENG_WARN, c->rank, "progress", "eventfd write: %s", strerror(errno));
+    progress_kick(c);
     pthread_join(c->thread, NULL);
     c->thread_started = false;
   }
