@@ -45,16 +45,24 @@ static int run_case(chorus_comm_t *c, int rank, int n, size_t count, chorus_dtyp
   return bad;
 }
 
-static int matrix_rank(int rank, int size, const char *addr, void *arg) {
-  const size_t big = *(const size_t *)arg;
+/* chorus_comm_init, saying why on stderr when it fails. */
+static chorus_comm_t *init_rank(int rank, int size, const char *addr) {
   chorus_comm_t *c;
   chorus_result rc = chorus_comm_init(&c, rank, size, addr);
-  int bad = 0;
-
   if (rc) {
     fprintf(stderr, "rank %d: init: %s: %s\n", rank, chorus_strerror(rc), chorus_last_error());
-    return 1;
+    return NULL;
   }
+  return c;
+}
+
+static int matrix_rank(int rank, int size, const char *addr, void *arg) {
+  const size_t big = *(const size_t *)arg;
+  chorus_comm_t *c = init_rank(rank, size, addr);
+  int bad = 0;
+
+  if (!c)
+    return 1;
   static const size_t counts[] = {0, 1, PRIME};
   for (int dt = 0; dt < CHORUS_DTYPE_COUNT && !bad; dt++)
     for (int op = 0; op < CHORUS_OP_COUNT && !bad; op++)
@@ -65,7 +73,7 @@ static int matrix_rank(int rank, int size, const char *addr, void *arg) {
     bad |= run_case(c, rank, size, big, CHORUS_FLOAT32, CHORUS_SUM, 1);
   if (!bad && size <= 4)
     bad |= run_case(c, rank, size, big, CHORUS_BFLOAT16, CHORUS_AVG, 1);
-  rc = chorus_comm_destroy(c);
+  chorus_result rc = chorus_comm_destroy(c);
   if (rc) {
     fprintf(stderr, "rank %d: destroy: %s: %s\n", rank, chorus_strerror(rc), chorus_last_error());
     bad = 1;
@@ -138,16 +146,13 @@ Test(allreduce_mp, udp_4) {
  * ranks a 32 KiB allreduce is one exchange (recursive doubling), not the
  * ring's two: the model's intra-host link is the provider's, not shm's. */
 static int choice_rank(int rank, int size, const char *addr, void *arg) {
-  chorus_comm_t *c;
+  chorus_comm_t *c = init_rank(rank, size, addr);
   float x[8192];
-  chorus_result rc = chorus_comm_init(&c, rank, size, addr);
-  if (rc) {
-    fprintf(stderr, "rank %d: init: %s: %s\n", rank, chorus_strerror(rc), chorus_last_error());
+  if (!c)
     return 1;
-  }
   for (size_t i = 0; i < 8192; i++)
     x[i] = (float)(rank + i % 7);
-  rc = chorus_allreduce(c, x, x, 8192, CHORUS_FLOAT32, CHORUS_SUM);
+  chorus_result rc = chorus_allreduce(c, x, x, 8192, CHORUS_FLOAT32, CHORUS_SUM);
   int bad = rc != CHORUS_SUCCESS || x[3] != (float)(1 + 2 * 3);
   if (strcmp(chorus_comm_last_algorithm(c), *(const char **)arg) != 0) {
     fprintf(stderr, "rank %d: 32 KiB allreduce over %s ran %s, expected %s\n", rank,
@@ -174,12 +179,9 @@ typedef struct chunk_want {
 
 static int chunk_rank(int rank, int size, const char *addr, void *arg) {
   const chunk_want_t *w = arg;
-  chorus_comm_t *c;
-  chorus_result rc = chorus_comm_init(&c, rank, size, addr);
-  if (rc) {
-    fprintf(stderr, "rank %d: init: %s: %s\n", rank, chorus_strerror(rc), chorus_last_error());
+  chorus_comm_t *c = init_rank(rank, size, addr);
+  if (!c)
     return 1;
-  }
   int bad = 0;
   /* a default chunk grows by ranks per core (1 on a machine of 2 cores or more) */
   size_t per_core = getenv("CHORUS_CHUNK_BYTES") ? 1 : (size_t)coll_ranks_per_core(c);
@@ -194,7 +196,7 @@ static int chunk_rank(int rank, int size, const char *addr, void *arg) {
   int32_t *x = malloc(n * sizeof(*x));
   for (size_t i = 0; i < n && x; i++)
     x[i] = rank == 1 ? (int32_t)(i * 7 + 3) : -1;
-  rc = x ? chorus_bcast(c, x, x, n, CHORUS_INT32, 1) : CHORUS_ERR_NO_MEMORY;
+  chorus_result rc = x ? chorus_bcast(c, x, x, n, CHORUS_INT32, 1) : CHORUS_ERR_NO_MEMORY;
   for (size_t i = 0; i < n && rc == CHORUS_SUCCESS; i++)
     if (x[i] != (int32_t)(i * 7 + 3)) {
       fprintf(stderr, "rank %d: bcast element %zu is %d\n", rank, i, (int)x[i]);
