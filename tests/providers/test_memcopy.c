@@ -2,11 +2,13 @@
  * test_memcopy.c - memcopy (providers/memcopy.h), the data path's memcpy in
  * pieces: every byte lands, nothing around the destination is touched, for
  * sizes around its thresholds and every offset of destination and source
- * within a cache line.
+ * within a cache line, and for the streamed copy of large blocks
+ * (MEMCOPY_STREAM and up).
  */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "memcopy.h"
 
@@ -31,4 +33,34 @@ Test(memcopy, sizes_and_offsets) {
     for (size_t doff = 0; doff < 64; doff += 7)
       for (size_t soff = 0; soff < 64; soff += 13)
         check(sizes[k], doff, soff);
+}
+
+/* Large blocks take the streamed path: sizes at and around its threshold,
+ * tails of every length mod 64, destinations and sources at several offsets
+ * within a line; every byte checked, and the guard bytes on both sides. */
+Test(memcopy, streamed_large_blocks) {
+  const size_t big = MEMCOPY_STREAM + 4096;
+  unsigned char *src = malloc(big + 128), *dst = malloc(big + 256);
+  static const size_t sizes[] = {MEMCOPY_STREAM - 1, MEMCOPY_STREAM, MEMCOPY_STREAM + 1,
+                                 MEMCOPY_STREAM + 63, MEMCOPY_STREAM + 4095};
+  static const size_t offs[][2] = {{0, 0}, {16, 0}, {0, 48}, {1, 3}, {63, 17}, {32, 32}};
+
+  cr_assert(src && dst);
+  for (size_t i = 0; i < big + 128; i++)
+    src[i] = (unsigned char)(i * 131 + (i >> 12));
+  for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++)
+    for (size_t o = 0; o < sizeof(offs) / sizeof(offs[0]); o++) {
+      size_t n = sizes[k], doff = offs[o][0], soff = offs[o][1];
+
+      memset(dst, 0xa5, big + 256);
+      memcopy(dst + 64 + doff, src + soff, n);
+      for (size_t i = 0; i < 64 + doff; i++)
+        cr_assert_eq(dst[i], 0xa5, "n %zu: byte %zu before the copy touched", n, i);
+      cr_assert_eq(memcmp(dst + 64 + doff, src + soff, n), 0, "n %zu, dst +%zu, src +%zu: data", n,
+                   doff, soff);
+      for (size_t i = 64 + doff + n; i < big + 256; i++)
+        cr_assert_eq(dst[i], 0xa5, "n %zu: byte %zu after the copy touched", n, i);
+    }
+  free(src);
+  free(dst);
 }
