@@ -474,6 +474,13 @@ typedef struct result {
   char leak_why[480]; /* what leaked, for the summary at the end (the runs' logs are long) */
 } result_t;
 
+/* A leaked run's reason, kept for the summary at the end. */
+static void note_leak(result_t *res, const char *name, unsigned long seed, int rank,
+                      const char *why) {
+  snprintf(res->leak_why, sizeof(res->leak_why), "%.64s seed %lu: rank %d: %.380s", name, seed,
+           rank, why);
+}
+
 /* One run, in a process of its own (its stderr goes to a file). */
 static void run_one(enum fault f, enum coll k, int prov, unsigned long seed, result_t *res) {
   char name[64], spec[128], env_prov[64], env_faults[160];
@@ -552,17 +559,14 @@ static void run_one(enum fault f, enum coll k, int prov, unsigned long seed, res
     if (r.status[i] != 0) { /* the report was written: LeakSanitizer failed the rank */
       leak = true;
       snprintf(why[i], sizeof(why[i]), "LeakSanitizer found leaks");
-      snprintf(res->leak_why, sizeof(res->leak_why), "%.64s seed %lu: rank %d: %s", name, seed, i,
-               "LeakSanitizer found leaks");
+      note_leak(res, name, seed, i, why[i]);
     }
     if (p->fd1 != p->fd0) {
       leak = true;
       snprintf(why[i], sizeof(why[i]),
                "fds %d before init, %d after destroy (%d half a second later): new %s", p->fd0,
                p->fd1, p->fd1_late, p->fd_new);
-      snprintf(res->leak_why, sizeof(res->leak_why),
-               "%.64s seed %lu: rank %d: fds %d -> %d: new %.360s", name, seed, i, p->fd0,
-               p->fd1_late, p->fd_new);
+      note_leak(res, name, seed, i, why[i]);
     }
     if (p->wrong) {
       o = o < O_WRONG ? O_WRONG : o;
