@@ -87,10 +87,6 @@ static const struct setting settings_table[] = {
      FIELD(wait_spin_us), 0, 1000000},
     {"CHORUS_LOG", SET_LOG, "warn", "log level: error, warn, info, debug (or 0-3)",
      FIELD(log_level), 0, 3},
-    {"CHORUS_PROGRESS_THREAD", SET_BOOL, "1",
-     "run a progress thread per communicator so nonblocking calls advance while the caller "
-     "computes",
-     FIELD(progress_thread), 0, 1},
     {"CHORUS_JOURNAL", SET_BOOL, "1",
      "journal state-machine transitions in a bounded ring (dumped on hangs and errors)",
      FIELD(journal), 0, 1},

@@ -24,7 +24,6 @@ typedef struct chorus_settings {
   int spin_us;              /* CHORUS_SPIN_US: progress thread's busy-poll before sleeping */
   int wait_spin_us;         /* CHORUS_WAIT_SPIN_US: a blocked caller's polling before sleeping */
   int log_level;            /* CHORUS_LOG: 0 error, 1 warn, 2 info, 3 debug */
-  bool progress_thread;     /* CHORUS_PROGRESS_THREAD */
   bool journal;             /* CHORUS_JOURNAL: fsm transition journal on */
   size_t journal_records;   /* CHORUS_JOURNAL_RECORDS */
   char algo[512];           /* CHORUS_ALGO: overrides, "" = automatic (select.c parses) */

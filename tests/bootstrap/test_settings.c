@@ -21,7 +21,7 @@ static const char *const all_vars[] = {
     "CHORUS_MAX_POSTED",
     "CHORUS_SPIN_US",
     "CHORUS_LOG",
-    "CHORUS_PROGRESS_THREAD",
+    "CHORUS_VERIFY",
     "CHORUS_JOURNAL",
     "CHORUS_JOURNAL_RECORDS",
     "CHORUS_RANK",
@@ -65,7 +65,7 @@ Test(settings, defaults) {
   cr_assert_eq(s.max_posted, 256);
   cr_assert_eq(s.spin_us, 50);
   cr_assert_eq(s.log_level, 1);
-  cr_assert(s.progress_thread);
+  cr_assert(s.verify);
   cr_assert(s.journal);
   cr_assert_eq(s.journal_records, 65536);
 }
@@ -81,7 +81,7 @@ Test(settings, values) {
   setenv("CHORUS_MAX_POSTED", "32", 1);
   setenv("CHORUS_SPIN_US", "0", 1);
   setenv("CHORUS_LOG", "debug", 1);
-  setenv("CHORUS_PROGRESS_THREAD", "off", 1);
+  setenv("CHORUS_VERIFY", "off", 1);
   setenv("CHORUS_JOURNAL", "false", 1);
   setenv("CHORUS_JOURNAL_RECORDS", "1024", 1);
   cr_assert_eq(settings_load(&s, err, sizeof(err)), 0, "%s", err);
@@ -92,7 +92,7 @@ Test(settings, values) {
   cr_assert_eq(s.max_posted, 32);
   cr_assert_eq(s.spin_us, 0);
   cr_assert_eq(s.log_level, 3);
-  cr_assert(!s.progress_thread);
+  cr_assert(!s.verify);
   cr_assert(!s.journal);
   cr_assert_eq(s.journal_records, 1024);
 }
@@ -156,7 +156,7 @@ Test(settings, malformed_values_name_the_variable) {
       {"CHORUS_SPIN_US", "5000000"},
       {"CHORUS_LOG", "verbose"},
       {"CHORUS_LOG", "4"},
-      {"CHORUS_PROGRESS_THREAD", "maybe"},
+      {"CHORUS_VERIFY", "maybe"},
       {"CHORUS_JOURNAL", "2"},
       {"CHORUS_JOURNAL_RECORDS", "1.5"},
   };
