@@ -99,6 +99,10 @@ void ckpt_end(ckpt_t *k, uint64_t seq, int status) {
   pthread_mutex_unlock(&k->lock);
 }
 
+uint64_t ckpt_age_ms(const ckpt_call_t *call, uint64_t now_ns) {
+  return now_ns > call->begin_ns ? (now_ns - call->begin_ns) / 1000000 : 0;
+}
+
 size_t ckpt_recent(ckpt_t *k, ckpt_call_t *out, size_t max) {
   size_t n = 0;
   pthread_mutex_lock(&k->lock);

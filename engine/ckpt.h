@@ -71,5 +71,8 @@ size_t ckpt_recent(ckpt_t *k, ckpt_call_t *out, size_t max);
 /* The oldest unfinished call (true), or the last one begun (false; *out
  * zeroed when none). */
 bool ckpt_current(ckpt_t *k, ckpt_call_t *out);
+/* Milliseconds from the call's beginning to now_ns; 0 when it began later
+ * (a call begun by another thread after the reader took its clock). */
+uint64_t ckpt_age_ms(const ckpt_call_t *call, uint64_t now_ns);
 
 #endif

@@ -171,8 +171,13 @@ static int send_beat(watch_t *w, bool reply) {
   chorus_comm_t *c = w->c;
   ckpt_call_t calls[CKPT_RECENT];
   Chorus__Boot__WatchCall wc[CKPT_RECENT], *pwc[CKPT_RECENT];
-  uint64_t now = fsm_now_ns(), wait_ms = 0;
   size_t n = ckpt_recent(&c->ckpt, calls, CKPT_RECENT);
+  /* the clock after the copy: a call begun before the copy began before now
+   * (read first, the application thread could begin one in between - this
+   * thread preempted there on a loaded machine - and its age, unsigned, came
+   * out as 2^64 ns: a "timed out" verdict for a call a moment old, seen in
+   * test_coll_mp at 9 ranks on 2 cores) */
+  uint64_t now = fsm_now_ns(), wait_ms = 0;
   char failure[sizeof(c->async_text)];
 
   if (w->fd < 0)
@@ -189,7 +194,7 @@ static int send_beat(watch_t *w, bool reply) {
     o->op = calls[i].op + 1u;
     o->algo = calls[i].algo;
     o->done = calls[i].end_ns != 0;
-    o->age_ms = (now - calls[i].begin_ns) / 1000000;
+    o->age_ms = ckpt_age_ms(&calls[i], now);
     o->status = calls[i].status;
     if (!o->done && !wait_ms)
       wait_ms = o->age_ms ? o->age_ms : 1;

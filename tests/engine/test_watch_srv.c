@@ -12,6 +12,7 @@
 #include "bootstrap.pb-c.h"
 #include "chorus.h"
 #include "ckpt.h"
+#include "fsm.h"
 #include "watch_srv.h"
 
 typedef struct sink {
@@ -317,4 +318,39 @@ Test(watch_srv, silence_counts_from_the_first_heartbeat) {
   cr_assert_eq(s.code, CHORUS_ERR_PEER_LOST, "silent after its first heartbeat: %s", s.text);
   cr_assert_eq(s.culprit, 1);
   wsrv_free(w);
+}
+
+/* A beat's ages come from calls copied out of the checkpoint and a clock read
+ * by the watch thread. A call that the application thread begins after that
+ * clock was read has begin_ns past it; its age is 0, not the 2^64 ns that
+ * unsigned subtraction gives (which read as "waited past the timeout", and
+ * failed a job over a call a moment old). */
+Test(ckpt, age_of_a_call_begun_after_the_clock_was_read_is_zero) {
+  const uint64_t now = 5000ull * 1000000; /* 5 s */
+  ckpt_call_t c = {.seq = 2, .begin_ns = now + 3000};
+  cr_assert_eq(ckpt_age_ms(&c, now), 0);
+  c.begin_ns = now;
+  cr_assert_eq(ckpt_age_ms(&c, now), 0);
+  c.begin_ns = now - 1500ull * 1000000 - 999999;
+  cr_assert_eq(ckpt_age_ms(&c, now), 1500);
+  c.begin_ns = 0;
+  cr_assert_eq(ckpt_age_ms(&c, now), 5000);
+}
+
+/* And through a real checkpoint: a call begun after the reader's clock,
+ * copied by ckpt_recent, stays far below any timeout. */
+Test(ckpt, a_call_begun_after_the_clock_was_read_is_not_late) {
+  ckpt_t k;
+  ckpt_init(&k);
+  uint64_t before = fsm_now_ns();
+  struct timespec ts = {0, 2 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  ckpt_call_t call = {.seq = 1, .count = 4, .root = -1, .begin_ns = fsm_now_ns()};
+  ckpt_begin(&k, &call);
+  ckpt_call_t got[CKPT_RECENT];
+  cr_assert_eq(ckpt_recent(&k, got, CKPT_RECENT), 1);
+  cr_assert_eq(got[0].end_ns, 0, "the call is open");
+  cr_assert_lt(ckpt_age_ms(&got[0], before), 10u * 1000, "an open call a moment old aged %llu ms",
+               (unsigned long long)ckpt_age_ms(&got[0], before));
+  ckpt_fini(&k);
 }
