@@ -172,11 +172,11 @@ static int send_beat(watch_t *w, bool reply) {
   ckpt_call_t calls[CKPT_RECENT];
   Chorus__Boot__WatchCall wc[CKPT_RECENT], *pwc[CKPT_RECENT];
   size_t n = ckpt_recent(&c->ckpt, calls, CKPT_RECENT);
-  /* the clock after the copy: a call begun before the copy began before now
-   * (read first, the application thread could begin one in between - this
-   * thread preempted there on a loaded machine - and its age, unsigned, came
-   * out as 2^64 ns: a "timed out" verdict for a call a moment old, seen in
-   * test_coll_mp at 9 ranks on 2 cores) */
+  /* The clock is read after the copy, so every copied call began before it.
+   * Read first, it could precede a call the application thread began in
+   * between (this thread preempted there, 9 ranks on 2 cores); that call's
+   * unsigned age came out near 2^64 ns and the judge failed the job "timed
+   * out" over a call a moment old (test_coll_mp). */
   uint64_t now = fsm_now_ns(), wait_ms = 0;
   char failure[sizeof(c->async_text)];
 
