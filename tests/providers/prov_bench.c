@@ -199,34 +199,13 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static int run(const struct opts *o, int rank, int sock) {
-  prov_config_t cfg = {.name = o->prov, .rank = rank, .nranks = 2, .job_id = "prov-bench"};
-  unsigned char mine[512], theirs[512];
-  const void *addrs[2];
-  size_t lens[2], mylen = sizeof(mine);
   char err[256];
   prov_t *p;
   pt_op_t s, r;
   int rc = 0;
 
-  if (prov_open(&cfg, &p, err, sizeof(err))) {
+  if (pt_open_peer(o->prov, "prov-bench", rank, sock, &p, err, sizeof(err))) {
     fprintf(stderr, "prov_bench: rank %d: open %s: %s\n", rank, o->prov, err);
-    return 1;
-  }
-  ssize_t got = -1;
-  if (p->ops->getname(p, mine, &mylen) == 0 && write(sock, mine, mylen) == (ssize_t)mylen)
-    got = read(sock, theirs, sizeof(theirs));
-  if (got <= 0) {
-    fprintf(stderr, "prov_bench: rank %d: address exchange failed\n", rank);
-    p->ops->close(p);
-    return 1;
-  }
-  addrs[rank] = mine;
-  lens[rank] = mylen;
-  addrs[1 - rank] = theirs;
-  lens[1 - rank] = (size_t)got;
-  if (p->ops->add_peers(p, addrs, lens, 2)) {
-    fprintf(stderr, "prov_bench: rank %d: add_peers: %s\n", rank, p->last_error);
-    p->ops->close(p);
     return 1;
   }
   s.buf = malloc(o->maxb ? o->maxb : 1);

@@ -162,6 +162,45 @@ out_close:
   return rc;
 }
 
+int pt_open_peer(const char *cfg_name, const char *job_id, int rank, int sock, prov_t **out,
+                 char *err, size_t errlen) {
+  prov_config_t cfg = {.name = cfg_name, .rank = rank, .nranks = 2, .job_id = job_id};
+  unsigned char mine[512], theirs[512];
+  const void *addrs[2];
+  size_t lens[2], mylen = sizeof(mine);
+  prov_t *p;
+  int rc;
+
+  *out = NULL;
+  if ((rc = prov_open(&cfg, &p, err, errlen)))
+    return rc;
+  if ((rc = p->ops->getname(p, mine, &mylen))) {
+    snprintf(err, errlen, "getname: %d", rc);
+    goto fail;
+  }
+  ssize_t got = -1;
+  if (write(sock, mine, mylen) == (ssize_t)mylen)
+    got = read(sock, theirs, sizeof(theirs));
+  if (got <= 0) {
+    snprintf(err, errlen, "address exchange with the peer process failed");
+    rc = -EIO;
+    goto fail;
+  }
+  addrs[rank] = mine;
+  lens[rank] = mylen;
+  addrs[1 - rank] = theirs;
+  lens[1 - rank] = (size_t)got;
+  if ((rc = p->ops->add_peers(p, addrs, lens, 2))) {
+    snprintf(err, errlen, "add_peers: %s", p->last_error);
+    goto fail;
+  }
+  *out = p;
+  return 0;
+fail:
+  p->ops->close(p);
+  return rc;
+}
+
 void pt_close_job(prov_t **eps, int n) {
   /* Let every endpoint take in what its peers sent last (shm connection
    * requests above all): libfabric 1.17's shm crashes in fi_cq_read when it

@@ -53,6 +53,12 @@ int pt_open_job(const char *cfg_name, void *world, int n, prov_t **eps, char *er
 int pt_open_job_cfg(const prov_config_t *base, void *world, int n, prov_t **eps, char *err,
                     size_t errlen);
 void pt_close_job(prov_t **eps, int n);
+/* One rank of a 2-rank job whose other rank is another process: opens this
+ * rank's endpoint, swaps names with the peer over `sock` (a SOCK_SEQPACKET
+ * end shared with it) and adds the peers. Returns 0 (*out open) or the
+ * failing code with the reason in err (*out NULL, nothing left open). */
+int pt_open_peer(const char *cfg_name, const char *job_id, int rank, int sock, prov_t **out,
+                 char *err, size_t errlen);
 
 /* Arms p, progressing it while arm() says -EAGAIN; true once armed. */
 bool pt_arm(prov_t *p, double timeout_ms);

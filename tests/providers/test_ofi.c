@@ -517,32 +517,14 @@ static const size_t xp_sizes[] = {0, 1, 4096, 4097, 65536, MIB, 16 * MIB};
 enum { XP_N = sizeof(xp_sizes) / sizeof(xp_sizes[0]), XP_ROUNDS = 3 };
 
 static int xp_rank(const char *name, int rank, int sock) {
-  prov_config_t cfg = {.name = name, .rank = rank, .nranks = 2, .job_id = "xp"};
-  unsigned char mine[512], theirs[512];
-  const void *addrs[2];
-  size_t lens[2], mylen = sizeof(mine);
   pt_op_t s[XP_N], r[XP_N], *all[2 * XP_N];
   char err[256];
   prov_t *p;
   int lost = 0, bad = 0, peer = 1 - rank;
-  ssize_t got;
 
-  if (prov_open(&cfg, &p, err, sizeof(err))) {
+  if (pt_open_peer(name, "xp", rank, sock, &p, err, sizeof(err))) {
     fprintf(stderr, "rank %d: open: %s\n", rank, err);
     return 1;
-  }
-  if (p->ops->getname(p, mine, &mylen) || write(sock, mine, mylen) != (ssize_t)mylen)
-    return 2;
-  got = read(sock, theirs, sizeof(theirs));
-  if (got <= 0)
-    return 3;
-  addrs[rank] = mine;
-  lens[rank] = mylen;
-  addrs[peer] = theirs;
-  lens[peer] = (size_t)got;
-  if (p->ops->add_peers(p, addrs, lens, 2)) {
-    fprintf(stderr, "rank %d: add_peers: %s\n", rank, p->last_error);
-    return 4;
   }
   for (int round = 0; round < XP_ROUNDS; round++) {
     for (int i = 0; i < XP_N; i++) {
