@@ -28,16 +28,22 @@
 #define MEMCOPY_PIECE 2048
 #define MEMCOPY_STREAM (8u << 20)
 
+/* Copies the bytes before the destination's next 64-byte boundary and moves
+ * past them (n is larger than a line). */
+static inline void memcopy_head(unsigned char **d, const unsigned char **s, size_t *n) {
+  size_t head = (64 - ((uintptr_t)*d & 63)) & 63;
+
+  memcpy(*d, *s, head);
+  *d += head;
+  *s += head;
+  *n -= head;
+}
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 
 static inline void memcopy_stream(unsigned char *d, const unsigned char *s, size_t n) {
-  size_t head = (64 - ((uintptr_t)d & 63)) & 63;
-
-  memcpy(d, s, head);
-  d += head;
-  s += head;
-  n -= head;
+  memcopy_head(&d, &s, &n);
   for (; n >= 64; n -= 64, d += 64, s += 64) {
     __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
     __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
@@ -67,11 +73,7 @@ static inline void memcopy(void *dst, const void *src, size_t n) {
     return;
   }
 #endif
-  size_t head = (64 - ((uintptr_t)d & 63)) & 63;
-  memcpy(d, s, head);
-  d += head;
-  s += head;
-  n -= head;
+  memcopy_head(&d, &s, &n);
   while (n) {
     size_t k = n < MEMCOPY_PIECE ? n : MEMCOPY_PIECE;
     /* hides k's bound: knowing k <= 2 KiB, gcc inlines the copy as `rep movsq`, which has
