@@ -36,7 +36,11 @@ int prov_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errle
     ops = &prov_fault_ops;
   else if (strchr(cfg->name, '+'))
     ops = &prov_multi_ops;
+  else if (strcmp(cfg->name, "inproc") == 0)
+    ops = &prov_inproc_ops;
+  else if (strcmp(cfg->name, "sock") == 0)
+    ops = &prov_sock_ops;
   else
-    ops = strcmp(cfg->name, "inproc") == 0 ? &prov_inproc_ops : &prov_ofi_ops;
+    ops = &prov_ofi_ops;
   return ops->open(cfg, out, errbuf, errlen);
 }

@@ -3,6 +3,8 @@
  *
  *   prov_ofi     libfabric RDM endpoint with tagged messages (shm, tcp, udp,
  *                sockets, verbs...), chosen by name.
+ *   prov_sock    tagged messages over plain TCP sockets, one connection per
+ *                pair of ranks ("sock"; Chorus's own, faster than tcp;ofi_rxm).
  *   prov_inproc  every rank inside one process (unit tests, simulation).
  *   prov_multi   two of them side by side, routed per peer: shm inside a
  *                host, a network provider between hosts ("shm+tcp").
@@ -130,6 +132,10 @@ typedef struct prov_config {
    * bounce slot (at most 256 KiB; the engine lowers it when ranks
    * outnumber cores). 0: the default, 256 KiB; PROV_BOUNCE_NONE: never. */
   size_t shm_bounce;
+  /* sock: the network interface to listen on ("eth0", "lo"); NULL or "":
+   * FI_TCP_IFACE when set, else the first IPv4 interface that is up and not
+   * loopback, else loopback. */
+  const char *iface;
   /* Fault injection: a spec (grammar above); NULL or "": none. */
   const char *faults;
   /* Where the collective sequence number lies in a tag, for the fault
@@ -187,12 +193,13 @@ struct prov {
 /* Registry. */
 extern const prov_ops_t prov_ofi_ops;
 extern const prov_ops_t prov_inproc_ops;
+extern const prov_ops_t prov_sock_ops;
 
 extern const prov_ops_t prov_multi_ops;
 extern const prov_ops_t prov_fault_ops;
 
-/* Open by name: "inproc" -> prov_inproc, "A+B" (e.g. "shm+tcp") ->
- * prov_multi over A and B, anything else -> prov_ofi; any of them inside
+/* Open by name: "inproc" -> prov_inproc, "sock" -> prov_sock, "A+B" (e.g.
+ * "shm+tcp") -> prov_multi over A and B, anything else -> prov_ofi; any of them inside
  * prov_fault when cfg->faults is not empty (a bad spec: -EINVAL and the
  * parser's reason in errbuf). */
 int prov_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errlen);

@@ -239,7 +239,8 @@ static int multi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size
                         .rank = lrank,
                         .nranks = lsize,
                         .job_id = cfg->job_id,
-                        .shm_bounce = cfg->shm_bounce};
+                        .shm_bounce = cfg->shm_bounce,
+                        .iface = cfg->iface};
 
     rc = prov_open(&c0, &m->child[0].p, cerr, sizeof(cerr));
     if (rc) {
@@ -254,7 +255,8 @@ static int multi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size
                         .rank = m->rank,
                         .nranks = m->nranks,
                         .job_id = cfg->job_id,
-                        .shm_bounce = cfg->shm_bounce};
+                        .shm_bounce = cfg->shm_bounce,
+                        .iface = cfg->iface};
 
     rc = prov_open(&c1, &m->child[1].p, cerr, sizeof(cerr));
     if (rc) {

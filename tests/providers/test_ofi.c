@@ -628,11 +628,13 @@ TestSuite(ofi_shm, .init = setup, .fini = teardown, .timeout = 120);
 TestSuite(ofi_tcp, .init = setup, .fini = teardown, .timeout = 120);
 TestSuite(ofi_udp, .init = setup, .fini = teardown, .timeout = 240);
 TestSuite(ofi_sockets, .init = setup, .fini = teardown, .timeout = 120);
+TestSuite(sock, .init = setup, .fini = teardown, .timeout = 120);
 
 OFI_TESTS(ofi_shm, "shm", "shm", true)
 OFI_TESTS(ofi_tcp, "tcp", "tcp;ofi_rxm", true)
 OFI_TESTS(ofi_udp, "udp", "udp;ofi_rxd", false)
 OFI_TESTS(ofi_sockets, "sockets", "sockets", true)
+OFI_TESTS(sock, "sock", "sock", true)
 
 Test(ofi_shm, wakeup) {
   check_wakeup("shm");
@@ -651,6 +653,10 @@ Test(ofi_tcp, wakeup) {
 
 Test(ofi_sockets, wakeup) {
   check_wakeup("sockets");
+}
+
+Test(sock, wakeup) {
+  check_wakeup("sock");
 }
 
 Test(ofi, unknown_provider_is_a_clear_error) {

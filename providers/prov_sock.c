@@ -1,0 +1,1439 @@
+/*
+ * prov_sock.c - tagged messages over plain TCP sockets, one connection per
+ * pair of ranks ("sock").
+ *
+ * Why it exists: libfabric's tcp;ofi_rxm moves a 1 MiB exchange between two
+ * processes on loopback in 1.6 times the time Open MPI's TCP transport takes,
+ * and adds ~10 us to every 16 KiB message (rendezvous control messages, a
+ * socket write and read to signal each completion). A stream per pair with a
+ * header per message, written from and read into the caller's buffers, is
+ * what Open MPI, Gloo and NCCL's socket transport do; this is that.
+ *
+ * Wire: on connecting, the higher rank writes a hello (magic, job hash, its
+ * rank, the job's size); the lower rank accepts and learns who it is. Then
+ * each message is a 32-byte header (magic, tag, length, immediate data)
+ * followed by its payload, in order, both ways.
+ *
+ *   post_send   queued on the peer's connection; written at once when the
+ *               queue was empty (sendmsg of header + payload, nonblocking);
+ *               done when the kernel has taken the last byte.
+ *   receiving   headers are read into a staging buffer; a header is matched
+ *               (source, tag, FIFO) against the posted receives: the payload
+ *               goes straight into the receive's buffer (large remainders
+ *               read there directly), else into a new unexpected message
+ *               that a later post_recv copies out.
+ *   progress    epoll_wait(0) over the listener and the connections, then
+ *               the completions, in order, on the caller's thread.
+ *   waiting     wait_fd() is the epoll set itself: it is readable when a
+ *               socket has data, a queued send can go on, or a peer
+ *               connects. arm() refuses while completions are queued.
+ *
+ * A connection that fails (the peer died, reset, closed with our messages
+ * outstanding) fails what is posted on it: receives from the peer with
+ * -ECONNRESET, sends to it with -EPIPE, and later posts the same way.
+ *
+ * Interface: cfg->iface (the engine's CHORUS_SOCK_IFACE), else FI_TCP_IFACE,
+ * names the network interface to listen on ("lo", "eth0"); neither set:
+ * the first IPv4 interface that is up and not loopback, else loopback.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <stdarg.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "prov_internal.h"
+
+#define SOCK_MAX_POSTED 512
+#define SOCK_ADDR_MAGIC 0x43534b41u /* "CSKA" */
+#define SOCK_HELLO_MAGIC 0x43534b48u
+#define SOCK_HDR_MAGIC 0x43534b4du
+#define SOCK_STAGE (64 * 1024) /* staging buffer per connection */
+#define SOCK_DIRECT_MIN 8192   /* payload left above this is read in place */
+#define SOCK_EVENTS 64
+/* A connection stops being read while its unexpected messages hold this
+ * much and nothing is posted with its peer (TCP then holds the sender). */
+#define SOCK_UNEXP_MAX (4u << 20)
+#define SOCK_POOL_MAX 256           /* unexpected eager buffers kept for reuse (16 MiB) */
+#define SOCK_EAGER_MAX (64 * 1024)  /* larger messages wait for their receive (RTS/CTS) */
+#define SOCK_READ_BUDGET (4u << 20) /* bytes one connection reads per progress() */
+
+struct sock_addr {
+  uint32_t magic;
+  uint32_t ip; /* network order */
+  uint16_t port;
+  uint16_t pad;
+  int32_t rank;
+  uint64_t job;
+};
+
+struct sock_hello {
+  uint32_t magic;
+  int32_t rank;
+  int32_t nranks;
+  uint32_t pad;
+  uint64_t job;
+};
+
+/* What a header announces. */
+enum sock_htype {
+  H_EAGER = 1, /* tag, len, data; the payload follows */
+  H_RTS,       /* tag, len, data, cookie (the sender's id); nothing follows */
+  H_CTS,       /* cookie: the RTS's; data: the receiver's id; nothing follows */
+  H_DATA,      /* tag: the receiver's id from its CTS, len; the payload follows */
+};
+
+struct sock_hdr {
+  uint32_t magic;
+  uint32_t type; /* enum sock_htype */
+  uint64_t tag;
+  uint64_t len;
+  uint64_t data;
+  uint64_t cookie;
+};
+
+enum sock_where {
+  W_NONE,
+  W_POSTED,  /* receive, waiting for its message */
+  W_CLAIM,   /* receive, waiting for the rest of an unexpected message */
+  W_RX,      /* receive, its payload being read */
+  W_RNDV_RX, /* receive, its CTS sent, waiting for the DATA */
+  W_TXQ,     /* send (or a CTS) in the connection's queue */
+  W_RNDV_TX, /* send, its RTS written, waiting for the CTS */
+  W_CQ,      /* done, waiting for progress() to report it */
+};
+
+struct sock_umsg;
+
+struct sock_req {
+  struct sock_req *next;
+  prov_op_t *op;
+  int peer;
+  bool is_send;
+  unsigned char where; /* enum sock_where */
+  uint64_t tag;
+  unsigned char *buf;
+  size_t len;
+  size_t xfer, msg_len;
+  uint64_t data;
+  int status;
+  struct sock_hdr hdr;     /* send: what goes first */
+  struct sock_umsg *claim; /* recv: the unexpected message it waits for */
+  uint64_t id;             /* rendezvous: this side's name for it */
+  bool ctl;                /* a CTS of the transport's own (no op): freed once written */
+};
+
+/* A message that arrived before its receive. */
+struct sock_umsg {
+  struct sock_umsg *next;
+  uint64_t tag, data;
+  size_t len, got;
+  struct sock_req *claimed; /* a receive waiting for the rest of it */
+  unsigned char *buf;       /* NULL for an RTS: the payload is still with the sender */
+  bool rts;
+  bool pooled;     /* buf is room[]: SOCK_EAGER_MAX bytes, back to the pool when done */
+  uint64_t cookie; /* RTS: the sender's id */
+  unsigned char room[];
+};
+
+enum sock_fd_kind { FD_LISTEN, FD_PEER, FD_PENDING };
+
+struct sock_fdent {
+  int kind;
+  int fd;
+};
+
+/* An accepted socket that has not said who it is yet. */
+struct sock_pending {
+  struct sock_fdent fe;
+  struct sock_pending *next;
+  size_t have;
+  struct sock_hello hello;
+};
+
+enum sock_cstate { C_IDLE, C_CONNECTING, C_WAIT_ACCEPT, C_UP, C_DEAD };
+
+struct sock_conn {
+  struct sock_fdent fe;
+  int peer;
+  int state;
+  bool want_out;   /* EPOLLOUT wanted: a send waits for room */
+  bool paused;     /* not reading: too much unexpected data and nothing to read for */
+  uint32_t events; /* registered with epoll */
+  /* tx */
+  struct sock_hello hello;
+  size_t hello_off; /* bytes of the hello written (connector) */
+  bool hello_due;
+  struct sock_req *txq, *txq_tail;
+  size_t tx_off; /* bytes of the head (header + payload) written */
+  /* rx */
+  struct sock_req *posted, *posted_tail;   /* receives from this peer, FIFO */
+  struct sock_umsg *unexp, *unexp_tail;    /* arrived first, FIFO */
+  size_t unexp_bytes;                      /* payload they hold */
+  struct sock_req *rndv_tx, *rndv_tx_tail; /* sends waiting for their CTS */
+  struct sock_req *rndv_rx, *rndv_rx_tail; /* receives waiting for their DATA */
+  unsigned char *stage;
+  size_t st_pos, st_end;
+  /* the message being read: into req (a receive) or umsg, or discarded */
+  bool in_body;
+  struct sock_req *rx_req;
+  struct sock_umsg *rx_umsg;
+  size_t rx_left; /* payload bytes still to come */
+  size_t rx_keep; /* of those, how many land in the buffer (rest discarded) */
+  unsigned char *rx_dst;
+  int err; /* why it died */
+};
+
+struct sock_ep {
+  prov_t base;
+  int rank, nranks;
+  uint64_t job;
+  int epfd;
+  struct sock_fdent lfe; /* listener */
+  struct sockaddr_in me;
+  struct sock_conn *conns; /* [nranks] */
+  struct sock_pending *pending;
+  struct sock_req *cq, *cq_tail;
+  size_t nsend, nrecv;
+  uint64_t next_id; /* rendezvous ids */
+  /* Unexpected eager messages reuse their buffers: fresh ones cost page
+   * faults on every message of a stream that runs ahead of its receives. */
+  struct sock_umsg *pool;
+  int npool;
+  bool peers_added, closing;
+  char errmsg[256];
+};
+
+static struct sock_ep *to_sock(prov_t *p) {
+  return PROV_CONTAINER_OF(p, struct sock_ep, base);
+}
+
+static uint64_t job_hash(const char *s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+
+  for (; s && *s; s++)
+    h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return h;
+}
+
+static void sock_seterr(struct sock_ep *e, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void sock_seterr(struct sock_ep *e, const char *fmt, ...) {
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(e->errmsg, sizeof(e->errmsg), fmt, ap);
+  va_end(ap);
+}
+
+/* ---- completion queue ---- */
+
+static void cq_push(struct sock_ep *e, struct sock_req *r, int status, size_t xfer) {
+  r->status = status;
+  r->xfer = xfer;
+  r->where = W_CQ;
+  r->next = NULL;
+  if (e->cq_tail)
+    e->cq_tail->next = r;
+  else
+    e->cq = r;
+  e->cq_tail = r;
+}
+
+static void list_push(struct sock_req **head, struct sock_req **tail, struct sock_req *r) {
+  r->next = NULL;
+  if (*tail)
+    (*tail)->next = r;
+  else
+    *head = r;
+  *tail = r;
+}
+
+/* Unlinks r from a singly linked list; true if it was there. */
+static bool list_unlink(struct sock_req **head, struct sock_req **tail, struct sock_req *r) {
+  struct sock_req *prev = NULL, *x;
+
+  for (x = *head; x; prev = x, x = x->next) {
+    if (x != r)
+      continue;
+    if (prev)
+      prev->next = x->next;
+    else
+      *head = x->next;
+    if (*tail == x)
+      *tail = prev;
+    x->next = NULL;
+    return true;
+  }
+  return false;
+}
+
+/* ---- epoll ---- */
+
+static int ep_ctl(struct sock_ep *e, int op, struct sock_fdent *fe, uint32_t events) {
+  struct epoll_event ev = {.events = events, .data.ptr = fe};
+
+  return epoll_ctl(e->epfd, op, fe->fd, &ev) ? -errno : 0;
+}
+
+static void conn_events(struct sock_ep *e, struct sock_conn *c) {
+  uint32_t ev = (c->paused ? 0 : EPOLLIN) | (c->want_out ? EPOLLOUT : 0);
+
+  if (c->fe.fd >= 0 && ev != c->events && ep_ctl(e, EPOLL_CTL_MOD, &c->fe, ev) == 0)
+    c->events = ev;
+}
+
+static void conn_want_out(struct sock_ep *e, struct sock_conn *c, bool on) {
+  c->want_out = on;
+  conn_events(e, c);
+}
+
+/* Something was posted with c's peer: read again. */
+static void conn_resume(struct sock_ep *e, struct sock_conn *c) {
+  if (c->paused) {
+    c->paused = false;
+    conn_events(e, c);
+  }
+}
+
+/* ---- failure of a connection ---- */
+
+/* An unexpected message of len bytes, its buffer included (none for an
+ * RTS). NULL when out of memory. */
+static struct sock_umsg *umsg_alloc(struct sock_ep *e, size_t len, bool with_buf) {
+  struct sock_umsg *m;
+
+  if (with_buf && len && len <= SOCK_EAGER_MAX) {
+    m = e->pool;
+    if (m) {
+      e->pool = m->next;
+      e->npool--;
+    } else if (!(m = malloc(sizeof(*m) + SOCK_EAGER_MAX))) {
+      return NULL;
+    }
+    memset(m, 0, sizeof(*m));
+    m->pooled = true;
+    m->buf = m->room;
+    return m;
+  }
+  m = calloc(1, sizeof(*m));
+  if (m && with_buf && len && !(m->buf = malloc(len))) {
+    free(m);
+    return NULL;
+  }
+  return m;
+}
+
+static void umsg_free(struct sock_ep *e, struct sock_umsg *m) {
+  if (m->pooled && e->npool < SOCK_POOL_MAX) {
+    m->next = e->pool;
+    e->pool = m;
+    e->npool++;
+    return;
+  }
+  if (!m->pooled)
+    free(m->buf);
+  free(m);
+}
+
+/* Fails everything posted on c (status for receives -ECONNRESET, sends
+ * -EPIPE; or -ECANCELED when closing) and closes its socket. err 0: the
+ * peer closed with nothing owed either way; the messages it sent before
+ * stay for their receives. */
+static void conn_fail(struct sock_ep *e, struct sock_conn *c, int err, bool cancel) {
+  struct sock_req *r, *next;
+  struct sock_umsg *m, *mnext;
+
+  if (c->state != C_DEAD && !cancel && err)
+    sock_seterr(e, "sock rank %d: connection with rank %d lost: %s", e->rank, c->peer,
+                strerror(err));
+  c->state = C_DEAD;
+  c->err = err ? err : ECONNRESET;
+  if (c->fe.fd >= 0) {
+    epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->fe.fd, NULL);
+    close(c->fe.fd);
+    c->fe.fd = -1;
+  }
+  c->want_out = c->paused = false;
+  c->events = 0;
+  for (r = c->txq; r; r = next) {
+    next = r->next;
+    if (r->ctl)
+      free(r);
+    else
+      cq_push(e, r, cancel ? -ECANCELED : -EPIPE, 0);
+  }
+  c->txq = c->txq_tail = NULL;
+  for (r = c->rndv_tx; r; r = next) {
+    next = r->next;
+    cq_push(e, r, cancel ? -ECANCELED : -EPIPE, 0);
+  }
+  c->rndv_tx = c->rndv_tx_tail = NULL;
+  for (r = c->rndv_rx; r; r = next) {
+    next = r->next;
+    cq_push(e, r, cancel ? -ECANCELED : -ECONNRESET, 0);
+  }
+  c->rndv_rx = c->rndv_rx_tail = NULL;
+  c->tx_off = 0;
+  c->hello_due = false;
+  for (r = c->posted; r; r = next) {
+    next = r->next;
+    cq_push(e, r, cancel ? -ECANCELED : -ECONNRESET, 0);
+  }
+  c->posted = c->posted_tail = NULL;
+  if (c->rx_req)
+    cq_push(e, c->rx_req, cancel ? -ECANCELED : -ECONNRESET, 0);
+  c->rx_req = NULL;
+  if (cancel || err) {
+    for (m = c->unexp; m; m = mnext) {
+      mnext = m->next;
+      if (m->claimed)
+        cq_push(e, m->claimed, cancel ? -ECANCELED : -ECONNRESET, 0);
+      umsg_free(e, m);
+    }
+    c->unexp = c->unexp_tail = NULL;
+    c->unexp_bytes = 0;
+  }
+  c->rx_umsg = NULL;
+  c->in_body = false;
+  free(c->stage);
+  c->stage = NULL;
+  c->st_pos = c->st_end = 0;
+}
+
+/* ---- sending ---- */
+
+/* Writes what c's queue holds until the kernel takes no more. */
+static void conn_flush(struct sock_ep *e, struct sock_conn *c) {
+  if (c->state != C_UP)
+    return;
+  while (c->hello_due) {
+    ssize_t n = send(c->fe.fd, (char *)&c->hello + c->hello_off, sizeof(c->hello) - c->hello_off,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        conn_want_out(e, c, true);
+        return;
+      }
+      conn_fail(e, c, errno, false);
+      return;
+    }
+    c->hello_off += (size_t)n;
+    if (c->hello_off == sizeof(c->hello))
+      c->hello_due = false;
+  }
+  while (c->txq) {
+    struct sock_req *r = c->txq;
+    struct iovec iov[2];
+    struct msghdr mh = {.msg_iov = iov};
+    size_t body = r->hdr.type == H_EAGER || r->hdr.type == H_DATA ? r->len : 0;
+    size_t total = sizeof(r->hdr) + body;
+    ssize_t n;
+
+    if (c->tx_off < sizeof(r->hdr)) {
+      iov[0].iov_base = (char *)&r->hdr + c->tx_off;
+      iov[0].iov_len = sizeof(r->hdr) - c->tx_off;
+      iov[1].iov_base = r->buf;
+      iov[1].iov_len = body;
+      mh.msg_iovlen = body ? 2 : 1;
+    } else {
+      iov[0].iov_base = r->buf + (c->tx_off - sizeof(r->hdr));
+      iov[0].iov_len = total - c->tx_off;
+      mh.msg_iovlen = 1;
+    }
+    n = sendmsg(c->fe.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        conn_want_out(e, c, true);
+        return;
+      }
+      conn_fail(e, c, errno, false);
+      return;
+    }
+    c->tx_off += (size_t)n;
+    if (c->tx_off < total)
+      continue;
+    c->tx_off = 0;
+    c->txq = r->next;
+    if (!c->txq)
+      c->txq_tail = NULL;
+    if (r->ctl) {
+      free(r);
+    } else if (r->hdr.type == H_RTS) {
+      r->where = W_RNDV_TX;
+      list_push(&c->rndv_tx, &c->rndv_tx_tail, r);
+    } else {
+      cq_push(e, r, 0, r->len);
+    }
+  }
+  conn_want_out(e, c, false);
+}
+
+/* ---- receiving ---- */
+
+static struct sock_req *posted_take(struct sock_conn *c, uint64_t tag) {
+  struct sock_req *r;
+
+  for (r = c->posted; r; r = r->next) {
+    if (r->tag == tag) {
+      list_unlink(&c->posted, &c->posted_tail, r);
+      return r;
+    }
+  }
+  return NULL;
+}
+
+/* Copies an unexpected message into its receive and completes it. */
+static void umsg_deliver(struct sock_ep *e, struct sock_req *r, struct sock_umsg *m) {
+  size_t n = m->len < r->len ? m->len : r->len;
+
+  if (n)
+    memcpy(r->buf, m->buf, n);
+  r->data = m->data;
+  r->msg_len = m->len;
+  cq_push(e, r, m->len > r->len ? -EMSGSIZE : 0, n);
+}
+
+static void umsg_unlink(struct sock_conn *c, struct sock_umsg *m) {
+  struct sock_umsg *prev = NULL, *x;
+
+  if (m->buf)
+    c->unexp_bytes -= m->len;
+
+  for (x = c->unexp; x; prev = x, x = x->next) {
+    if (x != m)
+      continue;
+    if (prev)
+      prev->next = x->next;
+    else
+      c->unexp = x->next;
+    if (c->unexp_tail == x)
+      c->unexp_tail = prev;
+    return;
+  }
+}
+
+/* The current message's payload is all in. */
+static void rx_finish(struct sock_ep *e, struct sock_conn *c) {
+  if (c->rx_req) {
+    struct sock_req *r = c->rx_req;
+
+    cq_push(e, r, r->msg_len > r->len ? -EMSGSIZE : 0, c->rx_keep);
+  } else if (c->rx_umsg) {
+    struct sock_umsg *m = c->rx_umsg;
+
+    m->got = m->len;
+    if (m->claimed) {
+      umsg_unlink(c, m);
+      umsg_deliver(e, m->claimed, m);
+      umsg_free(e, m);
+    }
+  }
+  c->rx_req = NULL;
+  c->rx_umsg = NULL;
+  c->in_body = false;
+
+  c->rx_left = c->rx_keep = 0;
+  c->rx_dst = NULL;
+}
+
+/* Queues r to go next on c: after the head when the head is partly on the
+ * wire, else first (a CTS or a DATA should not wait behind other sends). */
+static void tx_urgent(struct sock_ep *e, struct sock_conn *c, struct sock_req *r) {
+  r->where = W_TXQ;
+  if (!c->txq || c->tx_off == 0) {
+    r->next = c->txq;
+    c->txq = r;
+    if (!c->txq_tail)
+      c->txq_tail = r;
+  } else {
+    r->next = c->txq->next;
+    c->txq->next = r;
+    if (c->txq_tail == c->txq)
+      c->txq_tail = r;
+  }
+  conn_flush(e, c);
+}
+
+/* A receive meets the RTS of its message: it will take the payload when
+ * the DATA comes; the sender is told to send it. */
+static void rndv_accept(struct sock_ep *e, struct sock_conn *c, struct sock_req *r, size_t len,
+                        uint64_t data, uint64_t cookie) {
+  struct sock_req *cts = calloc(1, sizeof(*cts));
+
+  r->data = data;
+  r->msg_len = len;
+  r->id = ++e->next_id;
+  if (!cts) {
+    sock_seterr(e, "sock rank %d: out of memory for a CTS to rank %d", e->rank, c->peer);
+    cq_push(e, r, -ENOMEM, 0);
+    return;
+  }
+  r->where = W_RNDV_RX;
+  list_push(&c->rndv_rx, &c->rndv_rx_tail, r);
+  cts->ctl = true;
+  cts->peer = c->peer;
+  cts->hdr =
+      (struct sock_hdr){.magic = SOCK_HDR_MAGIC, .type = H_CTS, .data = r->id, .cookie = cookie};
+  tx_urgent(e, c, cts);
+}
+
+static struct sock_req *take_by_id(struct sock_req **head, struct sock_req **tail, uint64_t id) {
+  struct sock_req *r;
+
+  for (r = *head; r; r = r->next) {
+    if (r->id == id) {
+      list_unlink(head, tail, r);
+      return r;
+    }
+  }
+  return NULL;
+}
+
+static struct sock_umsg *umsg_new(struct sock_ep *e, struct sock_conn *c, const struct sock_hdr *h,
+                                  bool with_buf) {
+  struct sock_umsg *m = umsg_alloc(e, (size_t)h->len, with_buf);
+
+  if (!m)
+    return NULL;
+  m->tag = h->tag;
+  m->data = h->data;
+  m->len = (size_t)h->len;
+  if (m->buf)
+    c->unexp_bytes += m->len;
+  if (c->unexp_tail)
+    c->unexp_tail->next = m;
+  else
+    c->unexp = m;
+  c->unexp_tail = m;
+  return m;
+}
+
+/* A header is in: where does its payload go. 0, or -errno (bad stream). */
+static int rx_header(struct sock_ep *e, struct sock_conn *c, const struct sock_hdr *h) {
+  struct sock_req *r;
+
+  if (h->magic != SOCK_HDR_MAGIC || h->len > (uint64_t)SIZE_MAX / 2 || h->type < H_EAGER ||
+      h->type > H_DATA) {
+    sock_seterr(e, "sock rank %d: garbled stream from rank %d (header %#x type %u, length %llu)",
+                e->rank, c->peer, h->magic, h->type, (unsigned long long)h->len);
+    return -EPROTO;
+  }
+  if (h->type == H_RTS) {
+    struct sock_umsg *m;
+
+    r = posted_take(c, h->tag);
+    if (r) {
+      rndv_accept(e, c, r, (size_t)h->len, h->data, h->cookie);
+      return 0;
+    }
+    m = umsg_new(e, c, h, false);
+    if (!m)
+      goto out_nomem;
+    m->rts = true;
+    m->cookie = h->cookie;
+    m->got = m->len;
+    return 0;
+  }
+  if (h->type == H_CTS) {
+    r = take_by_id(&c->rndv_tx, &c->rndv_tx_tail, h->cookie);
+    if (!r) {
+      sock_seterr(e, "sock rank %d: rank %d cleared a send this rank does not have", e->rank,
+                  c->peer);
+      return -EPROTO;
+    }
+    r->hdr.type = H_DATA;
+    r->hdr.tag = h->data;
+    tx_urgent(e, c, r);
+    return 0;
+  }
+  c->rx_left = (size_t)h->len;
+  if (h->type == H_DATA) {
+    r = take_by_id(&c->rndv_rx, &c->rndv_rx_tail, h->tag);
+    if (!r || r->msg_len != h->len) {
+      sock_seterr(e, "sock rank %d: rank %d sent data no receive asked for", e->rank, c->peer);
+      return -EPROTO;
+    }
+    r->where = W_RX;
+    c->rx_req = r;
+    c->rx_keep = r->len < h->len ? r->len : (size_t)h->len;
+    c->rx_dst = r->buf;
+  } else if ((r = posted_take(c, h->tag))) {
+    r->where = W_RX;
+    r->data = h->data;
+    r->msg_len = (size_t)h->len;
+    c->rx_req = r;
+    c->rx_keep = r->len < h->len ? r->len : (size_t)h->len;
+    c->rx_dst = r->buf;
+  } else {
+    struct sock_umsg *m = umsg_new(e, c, h, true);
+
+    if (!m)
+      goto out_nomem;
+    c->rx_umsg = m;
+    c->rx_keep = m->len;
+    c->rx_dst = m->buf;
+  }
+  c->in_body = true;
+  if (!c->rx_left)
+    rx_finish(e, c);
+  return 0;
+
+out_nomem:
+  sock_seterr(e, "sock rank %d: out of memory for a %llu-byte message from rank %d", e->rank,
+              (unsigned long long)h->len, c->peer);
+  return -ENOMEM;
+}
+
+/* n payload bytes at src for the current message. */
+static void rx_take(struct sock_ep *e, struct sock_conn *c, const unsigned char *src, size_t n) {
+  size_t done = (c->rx_umsg ? c->rx_umsg->len : c->rx_req->msg_len) - c->rx_left;
+
+  if (done < c->rx_keep) {
+    size_t k = c->rx_keep - done < n ? c->rx_keep - done : n;
+
+    memcpy(c->rx_dst + done, src, k);
+  }
+  c->rx_left -= n;
+  if (c->rx_umsg)
+    c->rx_umsg->got += n;
+  if (!c->rx_left)
+    rx_finish(e, c);
+}
+
+static void conn_read(struct sock_ep *e, struct sock_conn *c) {
+  unsigned char scratch[4096];
+  size_t budget = SOCK_READ_BUDGET;
+
+  if (!c->stage && !(c->stage = malloc(SOCK_STAGE))) {
+    conn_fail(e, c, ENOMEM, false);
+    return;
+  }
+  while (c->state == C_UP && budget) {
+    ssize_t n;
+
+    if (!c->in_body && c->unexp_bytes >= SOCK_UNEXP_MAX && !c->posted && !c->rndv_tx &&
+        !c->rndv_rx && c->st_pos == c->st_end) {
+      /* nobody waits for what comes next: let TCP hold the sender */
+      c->paused = true;
+      conn_events(e, c);
+      return;
+    }
+
+    if (c->in_body && c->rx_left >= SOCK_DIRECT_MIN && c->st_pos == c->st_end) {
+      /* read the payload where it belongs */
+      size_t done = (c->rx_umsg ? c->rx_umsg->len : c->rx_req->msg_len) - c->rx_left;
+      unsigned char *dst = done < c->rx_keep ? c->rx_dst + done : scratch;
+      size_t want = done < c->rx_keep ? c->rx_keep - done : c->rx_left;
+
+      if (dst == scratch && want > sizeof(scratch))
+        want = sizeof(scratch);
+      n = recv(c->fe.fd, dst, want, MSG_DONTWAIT);
+      if (n > 0) {
+        budget = (size_t)n < budget ? budget - (size_t)n : 0;
+        c->rx_left -= (size_t)n;
+        if (c->rx_umsg)
+          c->rx_umsg->got += (size_t)n;
+        if (!c->rx_left)
+          rx_finish(e, c);
+
+        continue;
+      }
+    } else {
+      if (c->st_pos == c->st_end)
+        c->st_pos = c->st_end = 0;
+      else if (c->st_pos && SOCK_STAGE - c->st_end < sizeof(struct sock_hdr)) {
+        memmove(c->stage, c->stage + c->st_pos, c->st_end - c->st_pos);
+        c->st_end -= c->st_pos;
+        c->st_pos = 0;
+      }
+      n = recv(c->fe.fd, c->stage + c->st_end, SOCK_STAGE - c->st_end, MSG_DONTWAIT);
+      if (n > 0) {
+        budget = (size_t)n < budget ? budget - (size_t)n : 0;
+        c->st_end += (size_t)n;
+        /* parse what the stage holds */
+        while (c->st_pos < c->st_end && c->state == C_UP) {
+          size_t avail = c->st_end - c->st_pos;
+
+          if (c->in_body) {
+            size_t k = avail < c->rx_left ? avail : c->rx_left;
+
+            rx_take(e, c, c->stage + c->st_pos, k);
+            c->st_pos += k;
+            continue;
+          }
+          if (avail < sizeof(struct sock_hdr))
+            break;
+          struct sock_hdr h;
+          memcpy(&h, c->stage + c->st_pos, sizeof(h));
+          c->st_pos += sizeof(h);
+          int rc = rx_header(e, c, &h);
+          if (rc) {
+            conn_fail(e, c, -rc, false);
+            return;
+          }
+        }
+        if (c->st_pos == c->st_end)
+          c->st_pos = c->st_end = 0;
+        continue;
+      }
+    }
+    if (n == 0) {
+      /* the peer closed: fine when nothing more was owed either way */
+      bool owed =
+          c->in_body || c->st_end > c->st_pos || c->posted || c->txq || c->rndv_tx || c->rndv_rx;
+
+      if (owed)
+        conn_fail(e, c, ECONNRESET, false);
+      else
+        conn_fail(e, c, 0, false);
+      return;
+    }
+    if (errno == EINTR)
+      continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      conn_fail(e, c, errno, false);
+    return;
+  }
+}
+
+/* ---- connections ---- */
+
+static void conn_up(struct sock_ep *e, struct sock_conn *c) {
+  c->state = C_UP;
+  conn_flush(e, c);
+  if (c->state == C_UP)
+    conn_read(e, c);
+}
+
+static void sock_nodelay(int fd) {
+  int one = 1;
+
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+static void do_accept(struct sock_ep *e) {
+  for (;;) {
+    int fd = accept4(e->lfe.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    struct sock_pending *pd;
+
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED)
+        continue;
+      return; /* EAGAIN, or out of descriptors: the listener stays readable */
+    }
+    pd = calloc(1, sizeof(*pd));
+    if (!pd) {
+      close(fd);
+      continue;
+    }
+    sock_nodelay(fd);
+    pd->fe.kind = FD_PENDING;
+    pd->fe.fd = fd;
+    if (ep_ctl(e, EPOLL_CTL_ADD, &pd->fe, EPOLLIN)) {
+      close(fd);
+      free(pd);
+      continue;
+    }
+    pd->next = e->pending;
+    e->pending = pd;
+  }
+}
+
+static void pending_drop(struct sock_ep *e, struct sock_pending *pd, bool close_fd) {
+  struct sock_pending **pp;
+
+  for (pp = &e->pending; *pp; pp = &(*pp)->next) {
+    if (*pp == pd) {
+      *pp = pd->next;
+      break;
+    }
+  }
+  epoll_ctl(e->epfd, EPOLL_CTL_DEL, pd->fe.fd, NULL);
+  if (close_fd)
+    close(pd->fe.fd);
+  free(pd);
+}
+
+/* Reads an accepted socket's hello (exactly: what follows is the stream). */
+static void pending_read(struct sock_ep *e, struct sock_pending *pd) {
+  for (;;) {
+    ssize_t n =
+        recv(pd->fe.fd, (char *)&pd->hello + pd->have, sizeof(pd->hello) - pd->have, MSG_DONTWAIT);
+    struct sock_conn *c;
+    int fd;
+
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return;
+    if (n <= 0) {
+      pending_drop(e, pd, true);
+      return;
+    }
+    pd->have += (size_t)n;
+    if (pd->have < sizeof(pd->hello))
+      continue;
+    /* who is it? a stranger, or a rank we do not accept from: hang up */
+    if (pd->hello.magic != SOCK_HELLO_MAGIC || pd->hello.job != e->job ||
+        pd->hello.nranks != e->nranks || pd->hello.rank <= e->rank || pd->hello.rank >= e->nranks ||
+        e->conns[pd->hello.rank].fe.fd >= 0 || e->conns[pd->hello.rank].state == C_DEAD) {
+      pending_drop(e, pd, true);
+      return;
+    }
+    c = &e->conns[pd->hello.rank];
+    fd = pd->fe.fd;
+    pending_drop(e, pd, false);
+    c->fe.fd = fd;
+    c->events = EPOLLIN;
+    if (ep_ctl(e, EPOLL_CTL_ADD, &c->fe, EPOLLIN)) {
+      conn_fail(e, c, errno, false);
+      return;
+    }
+    conn_up(e, c);
+    return;
+  }
+}
+
+/* A connect finished (or failed). */
+static void conn_connected(struct sock_ep *e, struct sock_conn *c) {
+  int err = 0;
+  socklen_t len = sizeof(err);
+
+  if (getsockopt(c->fe.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+    err = errno;
+  if (err) {
+    conn_fail(e, c, err, false);
+    return;
+  }
+  c->hello_due = true;
+  c->hello_off = 0;
+  conn_up(e, c);
+}
+
+static void conn_event(struct sock_ep *e, struct sock_conn *c, uint32_t ev) {
+  if (c->state == C_CONNECTING) {
+    if (ev & (EPOLLOUT | EPOLLERR | EPOLLHUP))
+      conn_connected(e, c);
+    return;
+  }
+  if (c->state != C_UP)
+    return;
+  if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP))
+    conn_read(e, c);
+  if (c->state == C_UP && (ev & EPOLLOUT))
+    conn_flush(e, c);
+}
+
+/* ---- interface address ---- */
+
+static int pick_address(const char *want, struct in_addr *out, char *why, size_t whylen) {
+  struct ifaddrs *ifs, *i;
+  bool found = false;
+
+  if (!want || !want[0])
+    want = getenv("FI_TCP_IFACE");
+  if (want && !want[0])
+    want = NULL;
+  out->s_addr = htonl(INADDR_LOOPBACK);
+  if (getifaddrs(&ifs) < 0) {
+    if (!want)
+      return 0;
+    snprintf(why, whylen, "getifaddrs: %s", strerror(errno));
+    return -errno;
+  }
+  for (i = ifs; i && !found; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP))
+      continue;
+    if (want ? strcmp(i->ifa_name, want) != 0 : (i->ifa_flags & IFF_LOOPBACK) != 0)
+      continue;
+    *out = ((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr;
+    found = true;
+  }
+  freeifaddrs(ifs);
+  if (want && !found) {
+    snprintf(why, whylen, "interface \"%s\" has no IPv4 address that is up", want);
+    return -ENODEV;
+  }
+  return 0;
+}
+
+/* ---- ops ---- */
+
+static int sock_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errlen) {
+  struct sock_ep *e;
+  socklen_t alen = sizeof(e->me);
+  char why[160] = "";
+  int rc, i, one = 1;
+
+  *out = NULL;
+  e = calloc(1, sizeof(*e));
+  if (!e || !(e->conns = calloc((size_t)cfg->nranks, sizeof(*e->conns)))) {
+    free(e);
+    prov_errf(errbuf, errlen, "sock: out of memory");
+    return -ENOMEM;
+  }
+  e->base.ops = &prov_sock_ops;
+  e->base.name = "sock";
+  e->base.last_error = e->errmsg;
+  e->rank = cfg->rank;
+  e->nranks = cfg->nranks;
+  e->job = job_hash(cfg->job_id);
+  e->epfd = -1;
+  e->lfe.kind = FD_LISTEN;
+  e->lfe.fd = -1;
+  for (i = 0; i < e->nranks; i++) {
+    e->conns[i].fe.kind = FD_PEER;
+    e->conns[i].fe.fd = -1;
+    e->conns[i].peer = i;
+  }
+  e->me.sin_family = AF_INET;
+  rc = pick_address(cfg->iface, &e->me.sin_addr, why, sizeof(why));
+  if (rc) {
+    prov_errf(errbuf, errlen, "sock: %s", why);
+    goto out_free;
+  }
+  e->epfd = epoll_create1(EPOLL_CLOEXEC);
+  e->lfe.fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (e->epfd < 0 || e->lfe.fd < 0) {
+    rc = -errno;
+    prov_errf(errbuf, errlen, "sock: %s", strerror(errno));
+    goto out_free;
+  }
+  setsockopt(e->lfe.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(e->lfe.fd, (struct sockaddr *)&e->me, sizeof(e->me)) < 0 ||
+      listen(e->lfe.fd, SOMAXCONN) < 0 ||
+      getsockname(e->lfe.fd, (struct sockaddr *)&e->me, &alen) < 0) {
+    rc = -errno;
+    prov_errf(errbuf, errlen, "sock: listening on %s: %s", inet_ntoa(e->me.sin_addr),
+              strerror(errno));
+    goto out_free;
+  }
+  rc = ep_ctl(e, EPOLL_CTL_ADD, &e->lfe, EPOLLIN);
+  if (rc) {
+    prov_errf(errbuf, errlen, "sock: epoll: %s", strerror(-rc));
+    goto out_free;
+  }
+  *out = &e->base;
+  return 0;
+
+out_free:
+  if (e->lfe.fd >= 0)
+    close(e->lfe.fd);
+  if (e->epfd >= 0)
+    close(e->epfd);
+  free(e->conns);
+  free(e);
+  return rc;
+}
+
+static int sock_getname(prov_t *p, void *addr, size_t *len) {
+  struct sock_ep *e = to_sock(p);
+  struct sock_addr a = {.magic = SOCK_ADDR_MAGIC,
+                        .ip = e->me.sin_addr.s_addr,
+                        .port = e->me.sin_port,
+                        .rank = e->rank,
+                        .job = e->job};
+
+  if (!len)
+    return -EINVAL;
+  if (*len < sizeof(a) || !addr) {
+    *len = sizeof(a);
+    return -ENOSPC;
+  }
+  memcpy(addr, &a, sizeof(a));
+  *len = sizeof(a);
+  return 0;
+}
+
+static int sock_add_peers(prov_t *p, const void *const *addrs, const size_t *lens, int n) {
+  struct sock_ep *e = to_sock(p);
+  int i;
+
+  if (e->peers_added) {
+    sock_seterr(e, "sock: add_peers called twice");
+    return -EINVAL;
+  }
+  if (n != e->nranks || !addrs || !lens) {
+    sock_seterr(e, "sock: add_peers got %d of %d ranks", n, e->nranks);
+    return -EINVAL;
+  }
+  for (i = 0; i < n; i++) {
+    struct sock_addr a;
+
+    if (!addrs[i] || lens[i] != sizeof(a))
+      goto out_bad;
+    memcpy(&a, addrs[i], sizeof(a));
+    if (a.magic != SOCK_ADDR_MAGIC || a.rank != i || a.job != e->job)
+      goto out_bad;
+  }
+  e->peers_added = true;
+  /* the higher rank of each pair connects; the lower accepts */
+  for (i = 0; i < n; i++) {
+    struct sock_conn *c = &e->conns[i];
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    struct sock_addr a;
+    int fd;
+
+    if (i == e->rank)
+      continue;
+    if (i > e->rank) {
+      if (c->state == C_IDLE) /* else it has connected already */
+        c->state = C_WAIT_ACCEPT;
+      continue;
+    }
+    memcpy(&a, addrs[i], sizeof(a));
+    sa.sin_addr.s_addr = a.ip;
+    sa.sin_port = a.port;
+    c->hello = (struct sock_hello){
+        .magic = SOCK_HELLO_MAGIC, .rank = e->rank, .nranks = e->nranks, .job = e->job};
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      conn_fail(e, c, errno, false);
+      continue;
+    }
+    sock_nodelay(fd);
+    c->fe.fd = fd;
+    c->events = EPOLLIN | EPOLLOUT;
+    if (ep_ctl(e, EPOLL_CTL_ADD, &c->fe, EPOLLIN | EPOLLOUT)) {
+      conn_fail(e, c, errno, false);
+      continue;
+    }
+    c->want_out = true;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+      conn_connected(e, c);
+    } else if (errno == EINPROGRESS || errno == EINTR) {
+      c->state = C_CONNECTING;
+    } else {
+      conn_fail(e, c, errno, false);
+    }
+  }
+  return 0;
+
+out_bad:
+  sock_seterr(e, "sock: the address of rank %d is not a sock address of this job", i);
+  return -EINVAL;
+}
+
+static int check_post(struct sock_ep *e, int peer, size_t len, const void *buf, prov_op_t *op,
+                      size_t posted) {
+  if (e->closing)
+    return -ESHUTDOWN;
+  if (!op || !op->done || peer < 0 || peer >= e->nranks || (len && !buf))
+    return -EINVAL;
+  if (!e->peers_added) {
+    sock_seterr(e, "sock: post before add_peers");
+    return -ENOTCONN;
+  }
+  if (posted >= SOCK_MAX_POSTED)
+    return -EAGAIN;
+  return 0;
+}
+
+static struct sock_req *req_new(prov_t *p, prov_op_t *op, int peer, void *buf, size_t len,
+                                uint64_t tag, bool is_send) {
+  struct sock_req *r = calloc(1, sizeof(*r));
+
+  if (!r)
+    return NULL;
+  r->op = op;
+  r->peer = peer;
+  r->buf = buf;
+  r->len = len;
+  r->tag = tag;
+  r->is_send = is_send;
+  op->internal[PROV_OP_OWNER] = p;
+  op->internal[PROV_OP_REQ] = r;
+  return r;
+}
+
+/* A message to ourselves: straight to the receive, or parked unexpected. */
+static int self_send(struct sock_ep *e, struct sock_req *s) {
+  struct sock_conn *c = &e->conns[e->rank];
+  struct sock_req *r = posted_take(c, s->tag);
+
+  if (r) {
+    size_t n = s->len < r->len ? s->len : r->len;
+
+    if (n)
+      memcpy(r->buf, s->buf, n);
+    r->data = s->hdr.data;
+    r->msg_len = s->len;
+    cq_push(e, r, s->len > r->len ? -EMSGSIZE : 0, n);
+  } else {
+    struct sock_umsg *m = umsg_alloc(e, s->len, true);
+
+    if (!m)
+      return -ENOMEM;
+    if (s->len)
+      memcpy(m->buf, s->buf, s->len);
+    m->tag = s->tag;
+    m->data = s->hdr.data;
+    m->len = m->got = s->len;
+    if (m->buf)
+      c->unexp_bytes += m->len;
+    if (c->unexp_tail)
+      c->unexp_tail->next = m;
+    else
+      c->unexp = m;
+    c->unexp_tail = m;
+  }
+  cq_push(e, s, 0, s->len);
+  return 0;
+}
+
+static int sock_post_send(prov_t *p, int peer, const void *buf, size_t len, uint64_t tag,
+                          prov_op_t *op) {
+  struct sock_ep *e = to_sock(p);
+  struct sock_conn *c;
+  struct sock_req *r;
+  int rc = check_post(e, peer, len, buf, op, e->nsend);
+
+  if (rc)
+    return rc;
+  r = req_new(p, op, peer, (void *)(uintptr_t)buf, len, tag, true);
+  if (!r)
+    return -ENOMEM;
+  r->hdr = (struct sock_hdr){.magic = SOCK_HDR_MAGIC,
+                             .type = len > SOCK_EAGER_MAX ? H_RTS : H_EAGER,
+                             .tag = tag,
+                             .len = len,
+                             .data = op->data & ~PROV_DATA_VALID};
+  if (r->hdr.type == H_RTS)
+    r->hdr.cookie = r->id = ++e->next_id;
+  e->nsend++;
+  if (peer == e->rank) {
+    rc = self_send(e, r);
+    if (rc) {
+      e->nsend--;
+      op->internal[PROV_OP_OWNER] = NULL;
+      free(r);
+    }
+    return rc;
+  }
+  c = &e->conns[peer];
+  if (c->state == C_DEAD) {
+    cq_push(e, r, -EPIPE, 0);
+    return 0;
+  }
+  r->where = W_TXQ;
+  list_push(&c->txq, &c->txq_tail, r);
+  conn_resume(e, c); /* a rendezvous send needs its CTS read */
+  if (c->txq == r)
+    conn_flush(e, c);
+  return 0;
+}
+
+static int sock_post_recv(prov_t *p, int peer, void *buf, size_t len, uint64_t tag, prov_op_t *op) {
+  struct sock_ep *e = to_sock(p);
+  struct sock_conn *c;
+  struct sock_umsg *m;
+  struct sock_req *r;
+  int rc = check_post(e, peer, len, buf, op, e->nrecv);
+
+  if (rc)
+    return rc;
+  r = req_new(p, op, peer, buf, len, tag, false);
+  if (!r)
+    return -ENOMEM;
+  e->nrecv++;
+  c = &e->conns[peer];
+  conn_resume(e, c);
+  for (m = c->unexp; m; m = m->next) {
+    if (m->tag != tag || m->claimed)
+      continue;
+    if (m->rts) {
+      umsg_unlink(c, m);
+      if (c->state == C_DEAD)
+        cq_push(e, r, -ECONNRESET, 0);
+      else
+        rndv_accept(e, c, r, m->len, m->data, m->cookie);
+      umsg_free(e, m);
+    } else if (m->got == m->len) {
+      umsg_unlink(c, m);
+      umsg_deliver(e, r, m);
+      umsg_free(e, m);
+    } else {
+      m->claimed = r;
+      r->claim = m;
+      r->where = W_CLAIM;
+    }
+    return 0;
+  }
+  if (c->state == C_DEAD) {
+    cq_push(e, r, -ECONNRESET, 0);
+    return 0;
+  }
+  r->where = W_POSTED;
+  list_push(&c->posted, &c->posted_tail, r);
+  return 0;
+}
+
+static int sock_cancel(prov_t *p, prov_op_t *op) {
+  struct sock_ep *e = to_sock(p);
+  struct sock_req *r;
+  struct sock_conn *c;
+
+  if (!op || op->internal[PROV_OP_OWNER] != p)
+    return -ENOENT;
+  r = op->internal[PROV_OP_REQ];
+  c = &e->conns[r->peer];
+  switch (r->where) {
+  case W_POSTED:
+    if (list_unlink(&c->posted, &c->posted_tail, r))
+      cq_push(e, r, -ECANCELED, 0);
+    break;
+  case W_CLAIM:
+    r->claim->claimed = NULL;
+    r->claim = NULL;
+    cq_push(e, r, -ECANCELED, 0);
+    break;
+  case W_TXQ:
+    /* a send whose first byte is on the wire finishes: the stream needs it;
+     * so does a DATA: its receive waits for it */
+    if (r->hdr.type != H_DATA && (c->txq != r || c->tx_off == 0) &&
+        list_unlink(&c->txq, &c->txq_tail, r))
+      cq_push(e, r, -ECANCELED, 0);
+    break;
+  default: /* being received, or already done */
+    break;
+  }
+  return 0;
+}
+
+/* Delivers the queued completions (only those queued on entry). */
+static int cq_deliver(struct sock_ep *e) {
+  struct sock_req *r = e->cq, *next;
+  int n = 0;
+
+  e->cq = e->cq_tail = NULL;
+  for (; r; r = next) {
+    prov_op_t *op = r->op;
+    int status = r->status;
+    size_t xfer = r->xfer;
+
+    next = r->next;
+    if (r->is_send) {
+      e->nsend--;
+    } else {
+      e->nrecv--;
+      op->data = status == 0 || status == -EMSGSIZE ? PROV_DATA_VALID | r->data : 0;
+      if (status == -EMSGSIZE)
+        sock_seterr(e, "sock rank %d: message from rank %d tag %#llx truncated: %zu bytes into %zu",
+                    e->rank, r->peer, (unsigned long long)r->tag, r->msg_len, r->len);
+    }
+    op->internal[PROV_OP_OWNER] = NULL;
+    op->internal[PROV_OP_REQ] = NULL;
+    free(r);
+    op->done(op, status, xfer);
+    n++;
+  }
+  return n;
+}
+
+static int sock_progress(prov_t *p) {
+  struct sock_ep *e = to_sock(p);
+  struct epoll_event ev[SOCK_EVENTS];
+  int n, i;
+
+  n = epoll_wait(e->epfd, ev, SOCK_EVENTS, 0);
+  for (i = 0; i < n; i++) {
+    struct sock_fdent *fe = ev[i].data.ptr;
+
+    switch (fe->kind) {
+    case FD_LISTEN:
+      do_accept(e);
+      break;
+    case FD_PENDING:
+      pending_read(e, PROV_CONTAINER_OF(fe, struct sock_pending, fe));
+      break;
+    default:
+      conn_event(e, PROV_CONTAINER_OF(fe, struct sock_conn, fe), ev[i].events);
+      break;
+    }
+  }
+  return e->cq ? cq_deliver(e) : 0;
+}
+
+static int sock_wait_fd(prov_t *p) {
+  return to_sock(p)->epfd;
+}
+
+static int sock_arm(prov_t *p) {
+  return to_sock(p)->cq ? -EAGAIN : 0;
+}
+
+static void sock_disarm(prov_t *p) {
+  (void)p;
+}
+
+static size_t sock_max_posted(prov_t *p) {
+  (void)p;
+  return SOCK_MAX_POSTED;
+}
+
+static void sock_close(prov_t *p) {
+  struct sock_ep *e = to_sock(p);
+  int i;
+
+  e->closing = true;
+  for (i = 0; i < e->nranks; i++) {
+    struct sock_conn *c = &e->conns[i];
+
+    /* read what is left so that closing does not reset the peer's side
+     * before it has read what we sent */
+    if (c->fe.fd >= 0 && c->state == C_UP && !c->txq) {
+      char sink[4096];
+
+      while (recv(c->fe.fd, sink, sizeof(sink), MSG_DONTWAIT) > 0)
+        ;
+    }
+    conn_fail(e, c, 0, true);
+  }
+  while (e->pending)
+    pending_drop(e, e->pending, true);
+  while (e->cq)
+    cq_deliver(e);
+  while (e->pool) {
+    struct sock_umsg *m = e->pool;
+
+    e->pool = m->next;
+    free(m);
+  }
+  close(e->lfe.fd);
+  close(e->epfd);
+  free(e->conns);
+  free(e);
+}
+
+const prov_ops_t prov_sock_ops = {
+    .size = sizeof(prov_ops_t),
+    .name = "sock",
+    .open = sock_open,
+    .getname = sock_getname,
+    .add_peers = sock_add_peers,
+    .post_send = sock_post_send,
+    .post_recv = sock_post_recv,
+    .cancel = sock_cancel,
+    .progress = sock_progress,
+    .wait_fd = sock_wait_fd,
+    .arm = sock_arm,
+    .disarm = sock_disarm,
+    .max_posted = sock_max_posted,
+    .close = sock_close,
+};

@@ -1,0 +1,718 @@
+/*
+ * test_sock.c - what is particular to the "sock" transport (prov_sock.c):
+ * plain TCP, one connection per pair, eager messages up to 64 KiB and
+ * rendezvous (RTS, CTS, DATA) above. The generic checks every transport
+ * passes run over it in test_ofi.c (suite `sock`); these are the ones that
+ * only make sense here: a truncated rendezvous keeps the stream in step,
+ * many rendezvous both ways with late receives keep FIFO order and their
+ * immediate data, a peer that dies fails what is posted with it, strangers
+ * on the listener are hung up on, a bad interface is a clear error, and
+ * messages to oneself. Loopback only.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "mp.h"
+#include "prov_test.h"
+
+#define KIB 1024
+#define MIB (1024 * 1024)
+#define EAGER_MAX (64 * KIB) /* SOCK_EAGER_MAX in prov_sock.c */
+
+/* The wire formats of prov_sock.c, as a peer (or a stranger) sees them. */
+struct sock_addr {
+  uint32_t magic;
+  uint32_t ip; /* network order */
+  uint16_t port;
+  uint16_t pad;
+  int32_t rank;
+  uint64_t job;
+};
+struct sock_hello {
+  uint32_t magic;
+  int32_t rank;
+  int32_t nranks;
+  uint32_t pad;
+  uint64_t job;
+};
+#define SOCK_HELLO_MAGIC 0x43534b48u
+
+static prov_t *eps[2];
+static pid_t child = -1; /* a forked rank still to be reaped */
+
+static void setup(void) {
+  /* ctest sets it; a direct run must stay on loopback too. */
+  setenv("FI_TCP_IFACE", "lo", 0);
+}
+
+static void teardown(void) {
+  pt_close_job(eps, 2);
+  if (child > 0) {
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    child = -1;
+  }
+  setenv("FI_TCP_IFACE", "lo", 1); /* bad_interface_is_a_clear_error changes it */
+}
+
+TestSuite(sock, .init = setup, .fini = teardown, .timeout = 60);
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+
+  cr_assert_not_null(p);
+  return p;
+}
+
+static void open_pair(void) {
+  char err[256] = "";
+  int rc = pt_open_job("sock", NULL, 2, eps, err, sizeof(err));
+
+  cr_assert_eq(rc, 0, "open sock: %d %s", rc, err);
+  cr_assert_str_eq(eps[0]->name, "sock");
+}
+
+static void progress_both(int rounds) {
+  for (int k = 0; k < rounds; k++) {
+    eps[0]->ops->progress(eps[0]);
+    eps[1]->ops->progress(eps[1]);
+  }
+}
+
+/* ---- 1. a truncated rendezvous leaves the stream in step ---- */
+
+/* rank 0 -> 1: 1 MiB into a 100 KiB receive, then 200 KiB (another tag)
+ * that must arrive intact behind the discarded 924 KiB. late: the receives
+ * are posted after the RTS arrived (unexpected), else before the sends. */
+static void truncated_rndv(bool late, uint64_t tag) {
+  const size_t big = MIB, cap = 100 * KIB, next = 200 * KIB, guard = 4 * KIB;
+  static pt_op_t s1, s2, r1, r2;
+  pt_op_t *all[4] = {&s1, &s2, &r1, &r2}, *first[1] = {&r1};
+  unsigned char *rb;
+  char err[256];
+
+  pt_op_init(&s1);
+  pt_op_init(&s2);
+  pt_op_init(&r1);
+  pt_op_init(&r2);
+  s1.buf = xmalloc(big);
+  s2.buf = xmalloc(next);
+  r1.buf = rb = xmalloc(cap + guard);
+  r2.buf = xmalloc(next);
+  pt_fill(s1.buf, big, tag);
+  pt_fill(s2.buf, next, tag + 1);
+  memset(rb, 0xee, cap + guard);
+  s1.op.data = 0x1111;
+  s2.op.data = 0x2222;
+  if (!late)
+    for (int i = 0; i < 2; i++)
+      cr_assert_eq(pt_recv(eps, 2, eps[1], 0, i ? &r2 : &r1, i ? next : cap, tag + i, 1000), 0);
+  cr_assert_eq(pt_send(eps, 2, eps[0], 1, &s1, big, tag, 1000), 0);
+  cr_assert_eq(pt_send(eps, 2, eps[0], 1, &s2, next, tag + 1, 1000), 0);
+  if (late) {
+    progress_both(300);
+    cr_assert_eq(s1.calls, 0, "a rendezvous send completed before its receive was posted");
+    cr_assert_eq(pt_recv(eps, 2, eps[1], 0, &r1, cap, tag, 1000), 0);
+    cr_assert_eq(pt_recv(eps, 2, eps[1], 0, &r2, next, tag + 1, 1000), 0);
+  }
+  cr_assert(pt_drive(eps, 2, first, 1, 10000), "truncated receive never completed");
+  snprintf(err, sizeof(err), "%s", eps[1]->last_error);
+  cr_assert(pt_drive(eps, 2, all, 4, 10000), "not all completed (late %d): %s", late,
+            eps[1]->last_error);
+  cr_assert_eq(r1.calls, 1);
+  cr_assert_eq(r1.status, -EMSGSIZE, "late %d: truncated rendezvous: %d", late, r1.status);
+  cr_assert_eq(r1.len, cap, "late %d: reported %zu bytes", late, r1.len);
+  cr_assert_eq(pt_check(rb, cap, tag), (size_t)-1, "late %d: the first 100 KiB are wrong", late);
+  for (size_t i = cap; i < cap + guard; i++)
+    cr_assert_eq(rb[i], 0xee, "late %d: written past the receive buffer at %zu", late, i);
+  cr_assert_eq(r1.op.data, PROV_DATA_VALID | 0x1111, "immediate data %#llx",
+               (unsigned long long)r1.op.data);
+  cr_assert(strstr(err, "truncated") && strstr(err, "1048576") && strstr(err, "102400") &&
+                strstr(err, "rank 0"),
+            "last_error does not describe the truncation: \"%s\"", err);
+  cr_log_info("truncation (late %d): %s", late, err);
+  cr_assert_eq(s1.status, 0, "truncated rendezvous send: %d", s1.status);
+  /* the stream stayed in step: the next message is whole */
+  cr_assert_eq(s2.status, 0);
+  cr_assert_eq(r2.status, 0, "late %d: message after the truncated one: %d %s", late, r2.status,
+               eps[1]->last_error);
+  cr_assert_eq(r2.len, next);
+  cr_assert_eq(pt_check(r2.buf, next, tag + 1), (size_t)-1,
+               "late %d: the message after the truncated one is wrong", late);
+  cr_assert_eq(r2.op.data, PROV_DATA_VALID | 0x2222);
+  free(s1.buf);
+  free(s2.buf);
+  free(r1.buf);
+  free(r2.buf);
+}
+
+Test(sock, rendezvous_truncation_keeps_stream) {
+  open_pair();
+  truncated_rndv(false, 0x100);
+  truncated_rndv(true, 0x200);
+  /* and the pair still talks the other way */
+  {
+    static pt_op_t s, r;
+    pt_op_t *all[2] = {&s, &r};
+    static char a[3 * KIB], b[3 * KIB];
+
+    pt_op_init(&s);
+    pt_op_init(&r);
+    s.buf = a;
+    r.buf = b;
+    pt_fill(a, sizeof(a), 77);
+    cr_assert_eq(pt_recv(eps, 2, eps[0], 1, &r, sizeof(b), 0x300, 1000), 0);
+    cr_assert_eq(pt_send(eps, 2, eps[1], 0, &s, sizeof(a), 0x300, 1000), 0);
+    cr_assert(pt_drive(eps, 2, all, 2, 10000));
+    cr_assert_eq(r.status, 0);
+    cr_assert_eq(pt_check(b, sizeof(b), 77), (size_t)-1);
+  }
+}
+
+/* ---- 2. many rendezvous and eager messages both ways, FIFO per tag ---- */
+
+enum { MX_N = 40, MX_TAGS = 3 };
+
+static size_t mx_size(int i) {
+  switch (i % 4) {
+  case 0:
+    return EAGER_MAX + 1 + (size_t)i * 20011; /* rendezvous */
+  case 1:
+    return (size_t)i * 1601 % (EAGER_MAX + 1); /* eager, up to 64 KiB */
+  case 2:
+    return i % 8 == 2 ? EAGER_MAX : MIB; /* the largest eager; rendezvous */
+  default:
+    return (size_t)i * 7; /* small */
+  }
+}
+
+static uint64_t mx_seed(int d, int i) {
+  return 1000u * (unsigned)d + (unsigned)i;
+}
+
+/* d = 0: rank 0 -> rank 1. Message i has tag 0x40 + i % 3: each tag carries
+ * eager and rendezvous messages in turn, and goes to the receives of that
+ * tag in posting order. */
+static void mixed_both_ways(bool late) {
+  static pt_op_t s[2][MX_N], r[2][MX_N];
+  pt_op_t *all[4 * MX_N], *eager[2 * MX_N];
+  int k = 0, ne = 0;
+
+  for (int d = 0; d < 2; d++) {
+    for (int i = 0; i < MX_N; i++) {
+      size_t len = mx_size(i);
+
+      pt_op_init(&s[d][i]);
+      pt_op_init(&r[d][i]);
+      s[d][i].buf = xmalloc(len);
+      r[d][i].buf = xmalloc(len);
+      pt_fill(s[d][i].buf, len, mx_seed(d, i));
+      memset(r[d][i].buf, 0xee, len);
+      s[d][i].op.data = 0x5a5a0000u + mx_seed(d, i);
+      all[k++] = &s[d][i];
+      all[k++] = &r[d][i];
+      if (len <= EAGER_MAX)
+        eager[ne++] = &s[d][i];
+    }
+  }
+  if (!late)
+    for (int i = 0; i < MX_N; i++)
+      for (int d = 0; d < 2; d++)
+        cr_assert_eq(pt_recv(eps, 2, eps[1 - d], d, &r[d][i], mx_size(i), 0x40 + i % MX_TAGS, 5000),
+                     0);
+  for (int i = 0; i < MX_N; i++)
+    for (int d = 0; d < 2; d++)
+      cr_assert_eq(pt_send(eps, 2, eps[d], 1 - d, &s[d][i], mx_size(i), 0x40 + i % MX_TAGS, 5000),
+                   0, "send %d/%d: %s", d, i, eps[d]->last_error);
+  if (late) {
+    /* Let the eager messages and the RTS arrive: all unexpected. Eager
+     * sends complete without their receive; rendezvous ones wait for it. */
+    progress_both(300);
+    cr_assert(pt_drive(eps, 2, eager, ne, 10000), "eager sends wait for their receive");
+    for (int d = 0; d < 2; d++)
+      for (int i = 0; i < MX_N; i++)
+        if (mx_size(i) > EAGER_MAX)
+          cr_assert_eq(s[d][i].calls, 0,
+                       "rendezvous send %d/%d (%zu B) completed before its receive was posted", d,
+                       i, mx_size(i));
+    for (int i = 0; i < MX_N; i++)
+      for (int d = 0; d < 2; d++)
+        cr_assert_eq(pt_recv(eps, 2, eps[1 - d], d, &r[d][i], mx_size(i), 0x40 + i % MX_TAGS, 5000),
+                     0);
+  }
+  cr_assert(pt_drive(eps, 2, all, 4 * MX_N, 30000), "late %d: not all completed", late);
+  for (int d = 0; d < 2; d++) {
+    for (int i = 0; i < MX_N; i++) {
+      size_t len = mx_size(i);
+
+      cr_assert_eq(s[d][i].calls, 1);
+      cr_assert_eq(r[d][i].calls, 1);
+      cr_assert_eq(s[d][i].status, 0, "send %d/%d: %d %s", d, i, s[d][i].status,
+                   eps[d]->last_error);
+      cr_assert_eq(r[d][i].status, 0, "late %d: recv %d/%d (%zu B): %d %s", late, d, i, len,
+                   r[d][i].status, eps[1 - d]->last_error);
+      cr_assert_eq(r[d][i].len, len, "late %d: recv %d/%d: %zu of %zu bytes", late, d, i,
+                   r[d][i].len, len);
+      cr_assert_eq(pt_check(r[d][i].buf, len, mx_seed(d, i)), (size_t)-1,
+                   "late %d: recv %d/%d (%zu B): wrong data (FIFO order per tag lost?)", late, d, i,
+                   len);
+      cr_assert_eq(r[d][i].op.data, PROV_DATA_VALID | (0x5a5a0000u + mx_seed(d, i)),
+                   "late %d: recv %d/%d: immediate data %#llx", late, d, i,
+                   (unsigned long long)r[d][i].op.data);
+      free(s[d][i].buf);
+      free(r[d][i].buf);
+    }
+  }
+}
+
+Test(sock, rendezvous_both_ways_late_receives_fifo) {
+  open_pair();
+  mixed_both_ways(true);
+  mixed_both_ways(false);
+}
+
+/* ---- 3. a peer that dies ---- */
+
+enum { TAG_NEVER = 0x10, TAG_BIG = 0x20, TAG_HELLO = 0x30, TAG_AFTER = 0x40 };
+
+/* Rank 1 in a child process: receives TAG_HELLO, then either leaves at once
+ * without closing (hang false) or accepts the big message (its CTS goes
+ * out), reads none of it, says so and waits to be killed. */
+static int dying_child(int sock, const char *job, bool hang, size_t big) {
+  pt_op_t r, rb, *one[1] = {&r};
+  char err[256], buf[64];
+  prov_t *p;
+
+  if (pt_open_peer("sock", job, 1, sock, &p, err, sizeof(err))) {
+    fprintf(stderr, "child: open: %s\n", err);
+    return 10;
+  }
+  pt_op_init(&r);
+  r.buf = buf;
+  if (pt_recv(&p, 1, p, 0, &r, sizeof(buf), TAG_HELLO, 5000) || !pt_drive(&p, 1, one, 1, 10000) ||
+      r.status) {
+    fprintf(stderr, "child: hello: %d %s\n", r.status, p->last_error);
+    return 11;
+  }
+  if (!hang)
+    return 0; /* _exit: the kernel closes the socket, the endpoint is never closed */
+  /* The RTS came before the hello on the stream: it is here. Posting the
+   * receive writes the CTS; nothing is read after that. */
+  pt_op_init(&rb);
+  rb.buf = malloc(big);
+  if (!rb.buf || p->ops->post_recv(p, 0, rb.buf, big, TAG_BIG, &rb.op)) {
+    fprintf(stderr, "child: big receive: %s\n", p->last_error);
+    return 12;
+  }
+  if (write(sock, "r", 1) != 1)
+    return 13;
+  for (;;)
+    pause();
+}
+
+/* Progresses p alone until the ops are done or ms have passed. */
+static void drive_until(prov_t *p, pt_op_t **ops, int nops, double ms) {
+  prov_t *one[1] = {p};
+
+  pt_drive(one, 1, ops, nops, ms);
+}
+
+static void peer_dies(bool hang) {
+  /* hang: 64 MiB, more than loopback's socket buffers (tcp_wmem + tcp_rmem
+   * maxima: 4 + 32 MiB here) so the DATA is still being written when the
+   * peer is killed; else 1 MiB whose CTS never comes. */
+  const size_t big = hang ? 64 * MIB : MIB;
+  static pt_op_t never, sbig, shello, s_after, r_after;
+  pt_op_t *hello[1] = {&shello}, *failed[2] = {&never, &sbig}, *after[2] = {&s_after, &r_after};
+  char job[64], err[256], c = 0, small[8] = "x", rbuf[8];
+  int sv[2], st = 0;
+  double t0;
+
+  snprintf(job, sizeof(job), "dies-%d-%d", (int)getpid(), hang);
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  fflush(NULL);
+  child = fork();
+  cr_assert_geq(child, 0);
+  if (child == 0) {
+    close(sv[0]);
+    _exit(dying_child(sv[1], job, hang, big));
+  }
+  close(sv[1]);
+  cr_assert_eq(pt_open_peer("sock", job, 0, sv[0], &eps[0], err, sizeof(err)), 0, "open: %s", err);
+  pt_op_init(&never);
+  pt_op_init(&sbig);
+  pt_op_init(&shello);
+  never.buf = rbuf;
+  sbig.buf = xmalloc(big);
+  shello.buf = small;
+  memset(sbig.buf, 0x5c, big);
+  /* a receive the peer will never satisfy; a large send it never clears
+   * (hang false) or clears and never reads (hang true); then its hello */
+  cr_assert_eq(pt_recv(eps, 1, eps[0], 1, &never, sizeof(rbuf), TAG_NEVER, 1000), 0);
+  cr_assert_eq(pt_send(eps, 1, eps[0], 1, &sbig, big, TAG_BIG, 1000), 0);
+  cr_assert_eq(pt_send(eps, 1, eps[0], 1, &shello, 1, TAG_HELLO, 1000), 0);
+  drive_until(eps[0], hello, 1, 10000);
+  cr_assert_eq(shello.calls, 1, "the hello to rank 1 never went: %s", eps[0]->last_error);
+  cr_assert_eq(shello.status, 0);
+  if (hang) {
+    struct pollfd pfd = {.fd = sv[0], .events = POLLIN};
+    double end = pt_now_ms() + 10000;
+
+    while (poll(&pfd, 1, 0) == 0 && pt_now_ms() < end)
+      eps[0]->ops->progress(eps[0]);
+    cr_assert_eq(read(sv[0], &c, 1), 1, "the child did not get as far as its big receive");
+    cr_assert_eq(c, 'r');
+    /* the DATA goes until the buffers are full, then waits */
+    end = pt_now_ms() + 300;
+    while (pt_now_ms() < end)
+      eps[0]->ops->progress(eps[0]);
+    cr_assert_eq(sbig.calls, 0, "the %zu-byte send completed with nobody reading it", big);
+    kill(child, SIGKILL);
+    cr_assert_eq(waitpid(child, &st, 0), child);
+    child = -1;
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "child: status %#x", st);
+  } else {
+    double end = pt_now_ms() + 10000;
+    pid_t w = 0;
+
+    /* progress meanwhile: the child may still need this side */
+    while ((w = waitpid(child, &st, WNOHANG)) == 0 && pt_now_ms() < end)
+      eps[0]->ops->progress(eps[0]);
+    cr_assert_eq(w, child, "the child did not exit");
+    child = -1;
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed: status %#x", st);
+  }
+  close(sv[0]);
+  /* the peer is gone: what is posted with it fails, within a few seconds */
+  t0 = pt_now_ms();
+  drive_until(eps[0], failed, 2, 5000);
+  cr_assert_eq(never.calls, 1, "hang %d: the receive from the dead rank never completed", hang);
+  cr_assert_eq(never.status, -ECONNRESET, "hang %d: receive from the dead rank: %d", hang,
+               never.status);
+  cr_assert(strstr(eps[0]->last_error, "rank 1"), "last_error does not name rank 1: \"%s\"",
+            eps[0]->last_error);
+  cr_log_info("peer died (hang %d): %s, after %.0f ms", hang, eps[0]->last_error, pt_now_ms() - t0);
+  cr_assert_eq(sbig.calls, 1, "hang %d: the large send to the dead rank never completed", hang);
+  cr_assert_eq(sbig.status, -EPIPE, "hang %d: large send to the dead rank: %d", hang, sbig.status);
+  /* later posts fail the same way, through their callback */
+  pt_op_init(&s_after);
+  pt_op_init(&r_after);
+  s_after.buf = small;
+  r_after.buf = rbuf;
+  cr_assert_eq(eps[0]->ops->post_send(eps[0], 1, small, 1, TAG_AFTER, &s_after.op), 0);
+  cr_assert_eq(eps[0]->ops->post_recv(eps[0], 1, rbuf, sizeof(rbuf), TAG_AFTER, &r_after.op), 0);
+  drive_until(eps[0], after, 2, 5000);
+  cr_assert_eq(s_after.calls, 1);
+  cr_assert_eq(s_after.status, -EPIPE, "send after the death: %d", s_after.status);
+  cr_assert_eq(r_after.calls, 1);
+  cr_assert_eq(r_after.status, -ECONNRESET, "receive after the death: %d", r_after.status);
+  cr_assert_lt(pt_now_ms() - t0, 5000);
+  free(sbig.buf);
+}
+
+Test(sock, peer_exits_without_closing) {
+  peer_dies(false);
+}
+
+Test(sock, peer_killed_during_rendezvous_data) {
+  peer_dies(true);
+}
+
+/* ---- 4. strangers on the listener ---- */
+
+static int connect_to(const struct sock_addr *a) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = a->ip, .sin_port = a->port};
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "connect: %s", strerror(errno));
+  return fd;
+}
+
+/* True once rank 0 hung up on fd (EOF or reset), progressing the job. */
+static bool hung_up(int fd, double ms) {
+  double end = pt_now_ms() + ms;
+  struct pollfd pfd = {.fd = fd, .events = POLLIN};
+  char buf[64];
+
+  while (pt_now_ms() < end) {
+    progress_both(1);
+    if (poll(&pfd, 1, 0) == 1) {
+      ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+
+      if (n == 0 || (n < 0 && errno == ECONNRESET))
+        return true;
+      if (n > 0)
+        return false; /* it talked to a stranger */
+    }
+  }
+  return false;
+}
+
+static void exchange(int from, int to, uint64_t tag, size_t len) {
+  static pt_op_t s, r;
+  pt_op_t *all[2] = {&s, &r};
+
+  pt_op_init(&s);
+  pt_op_init(&r);
+  s.buf = xmalloc(len);
+  r.buf = xmalloc(len);
+  pt_fill(s.buf, len, tag);
+  s.op.data = tag;
+  cr_assert_eq(pt_recv(eps, 2, eps[to], from, &r, len, tag, 1000), 0);
+  cr_assert_eq(pt_send(eps, 2, eps[from], to, &s, len, tag, 1000), 0);
+  cr_assert(pt_drive(eps, 2, all, 2, 10000), "%d -> %d: %s / %s", from, to, eps[0]->last_error,
+            eps[1]->last_error);
+  cr_assert_eq(s.status, 0, "%d -> %d send: %d %s", from, to, s.status, eps[from]->last_error);
+  cr_assert_eq(r.status, 0, "%d -> %d recv: %d %s", from, to, r.status, eps[to]->last_error);
+  cr_assert_eq(r.len, len);
+  cr_assert_eq(pt_check(r.buf, len, tag), (size_t)-1, "%d -> %d: wrong data", from, to);
+  cr_assert_eq(r.op.data, PROV_DATA_VALID | tag);
+  free(s.buf);
+  free(r.buf);
+}
+
+/* Each hello on its own connection to a0, and one connection closed at
+ * once: rank 0 must hang up on every one and close its ends (the process
+ * is back to fds_expected descriptors). */
+static void strangers(const struct sock_addr *a0, const struct sock_hello *hellos, int n,
+                      int fds_expected) {
+  int fd[16], quiet;
+  double end;
+
+  cr_assert_leq(n, 16);
+  quiet = connect_to(a0);
+  close(quiet);
+  for (int i = 0; i < n; i++) {
+    fd[i] = connect_to(a0);
+    cr_assert_eq(write(fd[i], &hellos[i], sizeof(hellos[i])), (ssize_t)sizeof(hellos[i]));
+  }
+  for (int i = 0; i < n; i++) {
+    cr_assert(hung_up(fd[i], 5000),
+              "stranger %d (magic %#x, rank %d of %d, job %#llx) was not hung up on", i,
+              hellos[i].magic, hellos[i].rank, hellos[i].nranks, (unsigned long long)hellos[i].job);
+    close(fd[i]);
+  }
+  /* rank 0 closed its ends of every one of them, the quiet one too */
+  end = pt_now_ms() + 5000;
+  while (mp_count_fds() != fds_expected && pt_now_ms() < end)
+    progress_both(10);
+  cr_assert_eq(mp_count_fds(), fds_expected, "descriptors of strangers kept open: %d, not %d",
+               mp_count_fds(), fds_expected);
+}
+
+Test(sock, strangers_on_the_listener) {
+  unsigned char addr[2][sizeof(struct sock_addr)];
+  const void *addrs[2] = {addr[0], addr[1]};
+  size_t lens[2] = {sizeof(addr[0]), sizeof(addr[1])};
+  struct sock_addr a0;
+  char job[64], err[256];
+  int fds_before, fds;
+
+  fds_before = mp_count_fds();
+  /* Both ranks open, only rank 0 has its peers: rank 1 has not connected
+   * yet, its place at rank 0 is free. */
+  snprintf(job, sizeof(job), "strangers-%d", (int)getpid());
+  for (int i = 0; i < 2; i++) {
+    prov_config_t cfg = {.name = "sock", .rank = i, .nranks = 2, .job_id = job};
+
+    cr_assert_eq(prov_open(&cfg, &eps[i], err, sizeof(err)), 0, "open: %s", err);
+    cr_assert_eq(eps[i]->ops->getname(eps[i], addr[i], &lens[i]), 0);
+    cr_assert_eq(lens[i], sizeof(struct sock_addr));
+  }
+  memcpy(&a0, addr[0], sizeof(a0));
+  cr_assert_eq(a0.rank, 0);
+  cr_assert_eq(a0.ip, htonl(INADDR_LOOPBACK), "not on loopback: %#x", ntohl(a0.ip));
+  cr_assert_eq(eps[0]->ops->add_peers(eps[0], addrs, lens, 2), 0, "%s", eps[0]->last_error);
+  fds = mp_count_fds();
+
+  /* 1. Hellos that are not of this job, all claiming the free place of
+   * rank 1 but one thing: 24 bytes of garbage, another job, another
+   * magic, another job size; and this job's hellos of ranks rank 0 does
+   * not accept from: itself, one out of range, a negative one. */
+  struct sock_hello early[] = {
+      {0},
+      {SOCK_HELLO_MAGIC, 1, 2, 0, a0.job ^ 1},
+      {SOCK_HELLO_MAGIC ^ 0x100, 1, 2, 0, a0.job},
+      {SOCK_HELLO_MAGIC, 1, 3, 0, a0.job},
+      {SOCK_HELLO_MAGIC, 0, 2, 0, a0.job},
+      {SOCK_HELLO_MAGIC, 5, 2, 0, a0.job},
+      {SOCK_HELLO_MAGIC, -1, 2, 0, a0.job},
+  };
+  cr_assert_eq(sizeof(struct sock_hello), 24);
+  for (size_t i = 0; i < sizeof(early[0]); i++)
+    ((unsigned char *)&early[0])[i] = (unsigned char)(i * 37 + 11);
+  strangers(&a0, early, sizeof(early) / sizeof(early[0]), fds);
+
+  /* the real rank 1 connects and gets through, both ways */
+  cr_assert_eq(eps[1]->ops->add_peers(eps[1], addrs, lens, 2), 0, "%s", eps[1]->last_error);
+  exchange(1, 0, 0x51, 100);
+  exchange(0, 1, 0x52, 100);
+  fds = mp_count_fds();
+
+  /* 2. Rank 1 is connected: a second hello of rank 1, right in every
+   * field, does not take its place; garbage again. */
+  struct sock_hello late[] = {
+      {SOCK_HELLO_MAGIC, 1, 2, 0, a0.job},
+      {0},
+  };
+  memcpy(&late[1], &early[0], sizeof(late[1]));
+  strangers(&a0, late, 2, fds);
+
+  /* the job goes on, both ways, eager and rendezvous */
+  exchange(0, 1, 0x61, 1000);
+  exchange(1, 0, 0x62, 1000);
+  exchange(0, 1, 0x63, 300 * KIB);
+  exchange(1, 0, 0x64, 300 * KIB);
+  pt_close_job(eps, 2);
+  cr_assert_eq(mp_count_fds(), fds_before, "descriptors left after close: %d, not %d",
+               mp_count_fds(), fds_before);
+}
+
+/* ---- 5. the interface ---- */
+
+/* The engine passes CHORUS_SOCK_IFACE as cfg->iface; FI_TCP_IFACE is the
+ * provider's own fallback. */
+static int open_one(const char *iface, prov_t **p, char *err, size_t errlen) {
+  prov_config_t cfg = {.name = "sock", .rank = 0, .nranks = 2, .job_id = "iface", .iface = iface};
+
+  *p = (prov_t *)0x1;
+  err[0] = '\0';
+  return prov_open(&cfg, p, err, errlen);
+}
+
+static void expect_listening_on_lo(prov_t *p) {
+  struct sock_addr a;
+  size_t alen = sizeof(a);
+
+  cr_assert_eq(p->ops->getname(p, &a, &alen), 0);
+  cr_assert_eq(a.ip, htonl(INADDR_LOOPBACK), "listening on %#x, not lo", ntohl(a.ip));
+  cr_assert_neq(a.port, 0);
+}
+
+Test(sock, bad_interface_is_a_clear_error) {
+  char err[256];
+  prov_t *p;
+  int rc, fds = mp_count_fds();
+
+  /* cfg->iface names one that does not exist */
+  rc = open_one("no-such-if0", &p, err, sizeof(err));
+  cr_assert_eq(rc, -ENODEV, "open on no-such-if0: %d (%s)", rc, err);
+  cr_assert_null(p);
+  cr_assert(strstr(err, "no-such-if0"), "the reason does not name the interface: \"%s\"", err);
+  cr_log_info("bad interface: %s", err);
+  cr_assert_eq(mp_count_fds(), fds, "a failed open leaves descriptors");
+
+  /* FI_TCP_IFACE is the fallback when cfg->iface is NULL or "" */
+  setenv("FI_TCP_IFACE", "no-such-if1", 1);
+  for (int k = 0; k < 2; k++) {
+    rc = open_one(k ? "" : NULL, &p, err, sizeof(err));
+    cr_assert_eq(rc, -ENODEV, "open with FI_TCP_IFACE=no-such-if1: %d (%s)", rc, err);
+    cr_assert_null(p);
+    cr_assert(strstr(err, "no-such-if1"), "the reason does not name the interface: \"%s\"", err);
+  }
+  /* cfg->iface wins over FI_TCP_IFACE, and the endpoint listens there */
+  rc = open_one("lo", &p, err, sizeof(err));
+  cr_assert_eq(rc, 0, "open on lo: %d (%s)", rc, err);
+  expect_listening_on_lo(p);
+  p->ops->close(p);
+  /* and a bad cfg->iface is not rescued by a good FI_TCP_IFACE */
+  setenv("FI_TCP_IFACE", "lo", 1);
+  rc = open_one("no-such-if0", &p, err, sizeof(err));
+  cr_assert_eq(rc, -ENODEV, "open on no-such-if0 with FI_TCP_IFACE=lo: %d (%s)", rc, err);
+  cr_assert_null(p);
+  rc = open_one(NULL, &p, err, sizeof(err));
+  cr_assert_eq(rc, 0, "open with FI_TCP_IFACE=lo: %d (%s)", rc, err);
+  expect_listening_on_lo(p);
+  p->ops->close(p);
+  cr_assert_eq(mp_count_fds(), fds);
+}
+
+/* ---- 6. messages to oneself ---- */
+
+Test(sock, messages_to_self) {
+  static const size_t sizes[] = {KIB, EAGER_MAX + 1, MIB};
+  enum { NS = sizeof(sizes) / sizeof(sizes[0]) };
+  /* [rank][size][0: receive posted before the send, 1: after] */
+  static pt_op_t s[2][NS][2], r[2][NS][2], ts, tr;
+  pt_op_t *all[8 * NS + 2];
+  int k = 0;
+
+  open_pair();
+  for (int me = 0; me < 2; me++) {
+    for (int i = 0; i < NS; i++) {
+      for (int after = 0; after < 2; after++) {
+        pt_op_t *so = &s[me][i][after], *ro = &r[me][i][after];
+        uint64_t seed = (uint64_t)(100 * me + 10 * i + after);
+        uint64_t tag = 0x700 + (uint64_t)(2 * i + after); /* the same on both ranks */
+
+        pt_op_init(so);
+        pt_op_init(ro);
+        so->buf = xmalloc(sizes[i]);
+        ro->buf = xmalloc(sizes[i]);
+        pt_fill(so->buf, sizes[i], seed);
+        memset(ro->buf, 0xee, sizes[i]);
+        so->op.data = 0xabc000 + seed;
+        all[k++] = so;
+        all[k++] = ro;
+        if (!after)
+          cr_assert_eq(pt_recv(eps, 2, eps[me], me, ro, sizes[i], tag, 1000), 0);
+        cr_assert_eq(pt_send(eps, 2, eps[me], me, so, sizes[i], tag, 1000), 0, "%s",
+                     eps[me]->last_error);
+        if (after) {
+          progress_both(5);
+          cr_assert_eq(pt_recv(eps, 2, eps[me], me, ro, sizes[i], tag, 1000), 0);
+        }
+      }
+    }
+  }
+  /* a truncated one to oneself */
+  pt_op_init(&ts);
+  pt_op_init(&tr);
+  ts.buf = xmalloc(MIB);
+  tr.buf = xmalloc(MIB / 2);
+  pt_fill(ts.buf, MIB, 99);
+  all[k++] = &ts;
+  all[k++] = &tr;
+  cr_assert_eq(pt_send(eps, 2, eps[1], 1, &ts, MIB, 0x7ff, 1000), 0);
+  cr_assert_eq(pt_recv(eps, 2, eps[1], 1, &tr, MIB / 2, 0x7ff, 1000), 0);
+  cr_assert(pt_drive(eps, 2, all, k, 10000), "messages to self did not all complete");
+  for (int me = 0; me < 2; me++) {
+    for (int i = 0; i < NS; i++) {
+      for (int after = 0; after < 2; after++) {
+        pt_op_t *so = &s[me][i][after], *ro = &r[me][i][after];
+        uint64_t seed = (uint64_t)(100 * me + 10 * i + after);
+
+        cr_assert_eq(so->calls, 1);
+        cr_assert_eq(ro->calls, 1);
+        cr_assert_eq(so->status, 0, "rank %d self send %zu (after %d): %d", me, sizes[i], after,
+                     so->status);
+        cr_assert_eq(ro->status, 0, "rank %d self recv %zu (after %d): %d %s", me, sizes[i], after,
+                     ro->status, eps[me]->last_error);
+        cr_assert_eq(ro->len, sizes[i]);
+        cr_assert_eq(pt_check(ro->buf, sizes[i], seed), (size_t)-1,
+                     "rank %d self %zu (after %d): wrong data", me, sizes[i], after);
+        cr_assert_eq(ro->op.data, PROV_DATA_VALID | (0xabc000 + seed));
+        free(so->buf);
+        free(ro->buf);
+      }
+    }
+  }
+  cr_assert_eq(ts.status, 0);
+  cr_assert_eq(tr.status, -EMSGSIZE, "truncated message to self: %d", tr.status);
+  cr_assert_eq(tr.len, MIB / 2);
+  cr_assert_eq(pt_check(tr.buf, MIB / 2, 99), (size_t)-1);
+  free(ts.buf);
+  free(tr.buf);
+}
