@@ -780,7 +780,8 @@ chorus_result comm_open_transport(chorus_comm_t *c) {
                        .job_id = job_id,
                        .inproc_world = c->local ? c->local->world : NULL,
                        .host_of = c->topo ? c->topo->host_of : NULL,
-                       .shm_bounce = shm_bounce(c)};
+                       .shm_bounce = shm_bounce(c),
+                       .iface = c->set.sock_iface};
   if (c->set.faults[0]) {
     if (fault_plan_parse(c->set.faults, &c->faults, err, sizeof(err)))
       return comm_error(c, CHORUS_ERR_ENV, "CHORUS_FAULTS: %s", err);

@@ -58,9 +58,14 @@ struct setting {
 
 static const struct setting settings_table[] = {
     {"CHORUS_PROVIDER", SET_STRING, "",
-     "transport: a libfabric provider (tcp, shm, verbs...) or inproc; empty = auto (shm on one "
+     "transport: a libfabric provider (tcp, shm, verbs...), sock (Chorus's own TCP transport), "
+     "A+B (A inside a host, B between hosts, e.g. shm+sock) or inproc; empty = auto (shm on one "
      "host, else tcp)",
      FIELD(provider), 0, 0},
+    {"CHORUS_SOCK_IFACE", SET_STRING, "",
+     "sock transport: network interface to listen on (e.g. eth0, lo); empty = FI_TCP_IFACE when "
+     "set, else the first IPv4 interface that is up and not loopback, else loopback",
+     FIELD(sock_iface), 0, 0},
     {"CHORUS_JOB_TOKEN", SET_SECRET, "",
      "shared secret of the job; every rank must present rank 0's token at the rendezvous",
      FIELD(job_token), 0, 0},

@@ -16,6 +16,7 @@
 
 typedef struct chorus_settings {
   char provider[64];        /* CHORUS_PROVIDER: "" = auto (shm on one host, else tcp) */
+  char sock_iface[64];      /* CHORUS_SOCK_IFACE: "" = FI_TCP_IFACE, else the first up non-lo */
   char job_token[256];      /* CHORUS_JOB_TOKEN */
   double connect_timeout_s; /* CHORUS_CONNECT_TIMEOUT */
   size_t chunk_bytes;       /* CHORUS_CHUNK_BYTES: pipeline chunk */

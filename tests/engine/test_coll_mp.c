@@ -1,6 +1,6 @@
 /*
  * Every collective x every algorithm between processes over real libfabric
- * providers (shm, tcp) at 1..9 and 16 ranks, one job per (provider, ranks)
+ * providers (shm, tcp, and the sock transport) at 1..9 and 16 ranks, one job per (provider, ranks)
  * looping over a smaller dtype/op/count set than the in-process test; plus
  * the fused allreduce, point to point (grouped rings, crossed pairs,
  * ordered messages around a collective) and collectives of every kind in
@@ -58,19 +58,24 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
   return bad ? 1 : 0;
 }
 
-static void run(const char *prov, int n, const char *topo) {
-  char penv[64], tenv[64];
+static void run_chunk(const char *prov, int n, const char *topo, const char *chunk) {
+  char penv[64], tenv[64], cenv[64];
   snprintf(penv, sizeof(penv), "CHORUS_PROVIDER=%s", prov);
   snprintf(tenv, sizeof(tenv), "CHORUS_TOPO=%s", topo ? topo : "");
+  snprintf(cenv, sizeof(cenv), "CHORUS_CHUNK_BYTES=%s", chunk);
   const char *envs[] = {prov[0] ? penv : "CHORUS_PROVIDER=",
                         tenv,
                         "CHORUS_CONNECT_TIMEOUT=60",
                         "CHORUS_SPIN_US=0",
-                        "CHORUS_CHUNK_BYTES=16K",
+                        cenv,
                         NULL};
   mp_result_t r = mp_run(n, rank_main, topo ? (void *)topo : NULL, 280, envs);
   cr_assert_eq(r.timed_out, 0, "%s at %d ranks: timed out", prov, n);
   cr_assert_eq(r.failed, 0, "%s at %d ranks: %d rank(s) failed", prov, n, r.failed);
+}
+
+static void run(const char *prov, int n, const char *topo) {
+  run_chunk(prov, n, topo, "16K");
 }
 
 TestSuite(coll_mp, .timeout = 300);
@@ -99,6 +104,22 @@ JOB(tcp, 7)
 JOB(tcp, 8)
 JOB(tcp, 9)
 JOB(tcp, 16)
+JOB(sock, 1)
+JOB(sock, 2)
+JOB(sock, 3)
+JOB(sock, 4)
+JOB(sock, 5)
+JOB(sock, 6)
+JOB(sock, 7)
+JOB(sock, 8)
+JOB(sock, 9)
+JOB(sock, 16)
+
+/* sock with its default chunks: messages past its eager limit (64 KiB) go
+ * by rendezvous inside the collectives too. */
+Test(coll_mp, sock_3_large_chunks) {
+  run_chunk("sock", 3, NULL, "256K");
+}
 
 /* Hierarchical algorithms over emulated hosts: shm inside, tcp between. */
 Test(coll_mp, hier_2x2) {
@@ -106,4 +127,7 @@ Test(coll_mp, hier_2x2) {
 }
 Test(coll_mp, hier_uneven) {
   run("", 5, "map=0,1,0,1,1");
+}
+Test(coll_mp, hier_2x2_sock) {
+  run("shm+sock", 4, "hosts=2x2");
 }
