@@ -1165,6 +1165,12 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
  * 256 KiB chunks, 1029 in one message). Not allgather, whose messages
  * cross in both directions: 1054 us in 256 KiB chunks, 1247 in one. */
 #define SEL_NET_BCAST_CHUNK (4u << 20)
+/* Over sock the other collectives take 512 KiB chunks: a rendezvous (RTS,
+ * CTS) per chunk costs a round trip there too. 2 ranks, 5 interleaved
+ * rounds, 256 KiB -> 512 KiB: allgather 2 MiB 520 -> 448 us, 64 MiB 36.9 ->
+ * 33.3 ms; reduce_scatter 2 MiB 626 -> 561 us; allreduce 2 MiB 1179 ->
+ * 1099 us, but 64 MiB 54.2 -> 60.3 ms (1 MiB chunks: worse at 2 MiB). */
+#define SEL_SOCK_CHUNK (512u << 10)
 static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   const bool dflt = c->set.chunk_bytes == SEL_DEFAULT_CHUNK; /* else kept as set */
   const bool net = comm_intra_network(c);
@@ -1179,6 +1185,8 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
     s->inter.alpha += SEL_TURN_S * per_core;
   }
   c->chunk_bytes = dflt ? SEL_DEFAULT_CHUNK * (size_t)per_core : c->set.chunk_bytes;
+  if (dflt && c->chunk_bytes < SEL_SOCK_CHUNK && comm_all_sock(c))
+    c->chunk_bytes = SEL_SOCK_CHUNK;
   c->bcast_chunk_bytes =
       dflt && net && c->chunk_bytes < SEL_NET_BCAST_CHUNK ? SEL_NET_BCAST_CHUNK : c->chunk_bytes;
 }

@@ -760,6 +760,10 @@ bool comm_intra_network(const chorus_comm_t *c) {
   return strcmp(name, "inproc") != 0 && strncmp(name, "shm", 3) != 0;
 }
 
+bool comm_all_sock(const chorus_comm_t *c) {
+  return strcmp(choose_provider(c), "sock") == 0;
+}
+
 /* Bouncing costs a second copy to save CMA's page pinning: a gain while a
  * core is free to make it, not when ranks outnumber the cores; then only
  * messages up to a quarter of CHORUS_SHM_BOUNCE, where pinning dominates. */

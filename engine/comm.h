@@ -183,6 +183,8 @@ chorus_result comm_open_transport(chorus_comm_t *c);
 /* Ranks on one host talk through a network provider (CHORUS_PROVIDER=tcp,
  * udp, ...), not shared memory. */
 bool comm_intra_network(const chorus_comm_t *c);
+/* Every rank talks to every other over the sock transport. */
+bool comm_all_sock(const chorus_comm_t *c);
 chorus_result comm_pack_endpoint(chorus_comm_t *c, const char *host, uint8_t **out, size_t *outlen);
 chorus_result comm_add_peer_records(chorus_comm_t *c, void *const *recs, const size_t *lens,
                                     const int *members, bool check_topo);
