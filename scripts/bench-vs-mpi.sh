@@ -90,7 +90,7 @@ done
 [ -z "$root" ] || [[ $root =~ ^[0-9]+$ ]] || die_usage "--root needs a rank"
 case "$provider" in
   shm) mpi_btl=(--mca btl "self,vader") ;;
-  tcp) mpi_btl=(--mca btl "self,tcp" --mca btl_tcp_if_include lo) ;;
+  tcp|sock) mpi_btl=(--mca btl "self,tcp" --mca btl_tcp_if_include lo) ;;
   *) die_usage "-p must be shm or tcp" ;;
 esac
 command -v python3 >/dev/null || { echo "bench-vs-mpi.sh: python3 is needed" >&2; exit 2; }
