@@ -11,7 +11,8 @@
 # "Median" is the run of median time per size (the faster of the two middle
 # runs for an even number of rounds), so time and busbw come from one run.
 # The MPI transport matches the Chorus provider: shm -> btl self,vader;
-# tcp -> btl self,tcp over lo (and FI_TCP_IFACE=lo for Chorus unless set).
+# tcp and sock -> btl self,tcp over lo (and FI_TCP_IFACE=lo for Chorus, which
+# sock also follows, unless set).
 set -euo pipefail
 
 usage() {
@@ -21,7 +22,7 @@ usage: scripts/bench-vs-mpi.sh [options]
                   allreduce bcast reduce allgather reduce_scatter alltoall gather
                   scatter barrier sendrecv; one table each
   -n RANKS        ranks per run (default 2)
-  -p PROVIDER     shm or tcp (default shm)
+  -p PROVIDER     shm, tcp or sock (default shm)
   -b SIZE         smallest size, K/M/G suffixes (default 8); sizes are the whole
                   buffer of the operation, as in nccl-tests (see chorus-perf --help)
   -e SIZE         largest size (default 64M)
@@ -91,7 +92,7 @@ done
 case "$provider" in
   shm) mpi_btl=(--mca btl "self,vader") ;;
   tcp|sock) mpi_btl=(--mca btl "self,tcp" --mca btl_tcp_if_include lo) ;;
-  *) die_usage "-p must be shm or tcp" ;;
+  *) die_usage "-p must be shm, tcp or sock" ;;
 esac
 command -v python3 >/dev/null || { echo "bench-vs-mpi.sh: python3 is needed" >&2; exit 2; }
 
@@ -127,7 +128,7 @@ if [ $check = 1 ]; then perf_args+=(--check); fi
 if [ $inplace = 1 ]; then perf_args+=(--inplace); fi
 
 chorus_env=()
-if [ "$provider" = tcp ] && [ -z "${FI_TCP_IFACE:-}" ]; then
+if [ "$provider" != shm ] && [ -z "${FI_TCP_IFACE:-}" ]; then
   chorus_env=(env FI_TCP_IFACE=lo)
 fi
 chorus_cmd=(${chorus_env[@]+"${chorus_env[@]}"} "$chorus_run" -n "$ranks" --provider "$provider" --no-tag --
