@@ -18,6 +18,18 @@ void prov_errf(char *errbuf, size_t errlen, const char *fmt, ...) {
   va_end(ap);
 }
 
+int prov_copy_name(const void *name, size_t n, void *addr, size_t *len) {
+  if (!len)
+    return -EINVAL;
+  if (!addr || *len < n) {
+    *len = n;
+    return -ENOSPC;
+  }
+  memcpy(addr, name, n);
+  *len = n;
+  return 0;
+}
+
 int prov_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errlen) {
   const prov_ops_t *ops;
 

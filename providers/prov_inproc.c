@@ -393,15 +393,7 @@ struct inproc_addr {
 static int inproc_getname(prov_t *p, void *addr, size_t *len) {
   struct inproc_addr a = {INPROC_ADDR_MAGIC, to_ep(p)->rank};
 
-  if (!len)
-    return -EINVAL;
-  if (*len < sizeof(a) || !addr) {
-    *len = sizeof(a);
-    return -ENOSPC;
-  }
-  memcpy(addr, &a, sizeof(a));
-  *len = sizeof(a);
-  return 0;
+  return prov_copy_name(&a, sizeof(a), addr, len);
 }
 
 static int inproc_add_peers(prov_t *p, const void *const *addrs, const size_t *lens, int n) {

@@ -13,6 +13,11 @@
 #define PROV_CONTAINER_OF(ptr, type, member)                                                       \
   ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
+/* getname()'s contract for an address of n bytes at name: copies it to
+ * addr when *len (in) leaves room, and sets *len to n; -ENOSPC when it
+ * does not fit (or addr is NULL), -EINVAL when len is NULL. */
+int prov_copy_name(const void *name, size_t n, void *addr, size_t *len);
+
 /* Writes a formatted reason into errbuf (may be NULL or errlen 0). */
 void prov_errf(char *errbuf, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -290,15 +290,7 @@ out_free:
 static int multi_getname(prov_t *p, void *addr, size_t *len) {
   struct multi_ep *m = to_multi(p);
 
-  if (!len)
-    return -EINVAL;
-  if (!addr || *len < m->addrlen) {
-    *len = m->addrlen;
-    return -ENOSPC;
-  }
-  memcpy(addr, m->addr, m->addrlen);
-  *len = m->addrlen;
-  return 0;
+  return prov_copy_name(m->addr, m->addrlen, addr, len);
 }
 
 /* Splits a peer's address into its two parts (len 0: that child absent). */

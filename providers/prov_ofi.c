@@ -941,15 +941,7 @@ out_free_ep:
 static int ofi_getname(prov_t *p, void *addr, size_t *len) {
   struct ofi_ep *o = to_ofi(p);
 
-  if (!len)
-    return -EINVAL;
-  if (!addr || *len < o->addrlen) {
-    *len = o->addrlen;
-    return -ENOSPC;
-  }
-  memcpy(addr, o->addr, o->addrlen);
-  *len = o->addrlen;
-  return 0;
+  return prov_copy_name(o->addr, o->addrlen, addr, len);
 }
 
 static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens, int n) {

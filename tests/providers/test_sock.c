@@ -24,29 +24,12 @@
 #include <unistd.h>
 
 #include "mp.h"
+#include "prov_sock_wire.h"
 #include "prov_test.h"
 
 #define KIB 1024
 #define MIB (1024 * 1024)
-#define EAGER_MAX (64 * KIB) /* SOCK_EAGER_MAX in prov_sock.c */
-
-/* The wire formats of prov_sock.c, as a peer (or a stranger) sees them. */
-struct sock_addr {
-  uint32_t magic;
-  uint32_t ip; /* network order */
-  uint16_t port;
-  uint16_t pad;
-  int32_t rank;
-  uint64_t job;
-};
-struct sock_hello {
-  uint32_t magic;
-  int32_t rank;
-  int32_t nranks;
-  uint32_t pad;
-  uint64_t job;
-};
-#define SOCK_HELLO_MAGIC 0x43534b48u
+#define EAGER_MAX SOCK_EAGER_MAX
 
 static prov_t *eps[2];
 static pid_t child = -1; /* a forked rank still to be reaped */
