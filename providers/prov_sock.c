@@ -29,9 +29,9 @@
  *   receiving   headers are read into a staging buffer; a header is matched
  *               (source, tag, FIFO) against the posted receives: the payload
  *               goes straight into the receive's buffer (large remainders
- *               read there directly), else into an unexpected message (a
- *               pooled 64 KiB buffer) that a later post_recv copies out.
- *               While 4 MiB of those wait and nothing is posted with the
+ *               read there directly), else into an unexpected message (past
+ *               4 KiB a pooled 64 KiB buffer) that a later post_recv copies
+ *               out. While those hold 4 MiB and nothing is posted with the
  *               peer, its connection is not read: TCP holds the sender.
  *   progress    epoll_wait(0) over the listener and the connections, then
  *               the completions, in order, on the caller's thread.
@@ -75,7 +75,8 @@
 /* A connection stops being read while its unexpected messages hold this
  * much and nothing is posted with its peer (TCP then holds the sender). */
 #define SOCK_UNEXP_MAX (4u << 20)
-#define SOCK_POOL_MAX 256           /* unexpected eager buffers kept for reuse (16 MiB) */
+#define SOCK_POOL_MAX 64            /* unexpected eager buffers kept for reuse (4 MiB) */
+#define SOCK_POOL_MIN 4096          /* smaller unexpected messages get a buffer of their size */
 #define SOCK_READ_BUDGET (4u << 20) /* bytes one connection reads per progress() */
 
 /* What a header announces. */
@@ -162,6 +163,7 @@ struct sock_conn {
   int state;
   bool want_out;   /* EPOLLOUT wanted: a send waits for room */
   bool paused;     /* not reading: too much unexpected data and nothing to read for */
+  bool kick;       /* resumed with messages in the stage: progress() parses them */
   uint32_t events; /* registered with epoll */
   /* tx */
   struct sock_hello hello;
@@ -172,7 +174,7 @@ struct sock_conn {
   /* rx */
   struct sock_req *posted, *posted_tail;   /* receives from this peer, FIFO */
   struct sock_umsg *unexp, *unexp_tail;    /* arrived first, FIFO */
-  size_t unexp_bytes;                      /* payload they hold */
+  size_t unexp_bytes;                      /* memory they hold (umsg_footprint) */
   struct sock_req *rndv_tx, *rndv_tx_tail; /* sends waiting for their CTS */
   struct sock_req *rndv_rx, *rndv_rx_tail; /* receives waiting for their DATA */
   unsigned char *stage;
@@ -203,6 +205,7 @@ struct sock_ep {
   struct sock_umsg *pool;
   int npool;
   bool peers_added, closing;
+  bool kick; /* a connection has kick set */
   char errmsg[256];
 };
 
@@ -285,11 +288,15 @@ static void conn_want_out(struct sock_ep *e, struct sock_conn *c, bool on) {
   conn_events(e, c);
 }
 
-/* Something was posted with c's peer: read again. */
+/* Something was posted with c's peer: read again. What the stage still
+ * holds is parsed by the next progress() (epoll reports only what the
+ * socket has). */
 static void conn_resume(struct sock_ep *e, struct sock_conn *c) {
   if (c->paused) {
     c->paused = false;
     conn_events(e, c);
+    if (c->st_pos < c->st_end)
+      c->kick = e->kick = true;
   }
 }
 
@@ -300,7 +307,7 @@ static void conn_resume(struct sock_ep *e, struct sock_conn *c) {
 static struct sock_umsg *umsg_alloc(struct sock_ep *e, size_t len, bool with_buf) {
   struct sock_umsg *m;
 
-  if (with_buf && len && len <= SOCK_EAGER_MAX) {
+  if (with_buf && len > SOCK_POOL_MIN && len <= SOCK_EAGER_MAX) {
     m = e->pool;
     if (m) {
       e->pool = m->next;
@@ -319,6 +326,12 @@ static struct sock_umsg *umsg_alloc(struct sock_ep *e, size_t len, bool with_buf
     return NULL;
   }
   return m;
+}
+
+/* What an unexpected message holds, for SOCK_UNEXP_MAX: a pooled buffer
+ * whatever its length, else its length (an RTS: nothing). */
+static size_t umsg_footprint(const struct sock_umsg *m) {
+  return m->pooled ? SOCK_EAGER_MAX : m->buf ? m->len : 0;
 }
 
 static void umsg_free(struct sock_ep *e, struct sock_umsg *m) {
@@ -462,6 +475,7 @@ static void conn_flush(struct sock_ep *e, struct sock_conn *c) {
     } else if (r->hdr.type == H_RTS) {
       r->where = W_RNDV_TX;
       list_push(&c->rndv_tx, &c->rndv_tx_tail, r);
+      conn_resume(e, c); /* its CTS must be read */
     } else {
       cq_push(e, r, 0, r->len);
     }
@@ -497,8 +511,7 @@ static void umsg_deliver(struct sock_ep *e, struct sock_req *r, struct sock_umsg
 static void umsg_unlink(struct sock_conn *c, struct sock_umsg *m) {
   struct sock_umsg *prev = NULL, *x;
 
-  if (m->buf)
-    c->unexp_bytes -= m->len;
+  c->unexp_bytes -= umsg_footprint(m);
 
   for (x = c->unexp; x; prev = x, x = x->next) {
     if (x != m)
@@ -599,8 +612,7 @@ static struct sock_umsg *umsg_new(struct sock_ep *e, struct sock_conn *c, const 
   m->tag = h->tag;
   m->data = h->data;
   m->len = (size_t)h->len;
-  if (m->buf)
-    c->unexp_bytes += m->len;
+  c->unexp_bytes += umsg_footprint(m);
   if (c->unexp_tail)
     c->unexp_tail->next = m;
   else
@@ -701,6 +713,49 @@ static void rx_take(struct sock_ep *e, struct sock_conn *c, const unsigned char 
     rx_finish(e, c);
 }
 
+/* Between messages, with SOCK_UNEXP_MAX held by unexpected ones and
+ * nothing posted with the peer: nobody waits for what comes next, so the
+ * connection is not read (TCP holds the sender) until a post (conn_resume). */
+static bool conn_pause_if_full(struct sock_ep *e, struct sock_conn *c) {
+  if (c->in_body || c->unexp_bytes < SOCK_UNEXP_MAX || c->posted || c->rndv_tx || c->rndv_rx)
+    return false;
+  c->paused = true;
+  conn_events(e, c);
+  return true;
+}
+
+/* Consumes what the stage holds: payload, headers. false: stop reading
+ * (paused, or the connection failed). */
+static bool stage_parse(struct sock_ep *e, struct sock_conn *c) {
+  while (c->st_pos < c->st_end && c->state == C_UP) {
+    size_t avail = c->st_end - c->st_pos;
+    struct sock_hdr h;
+    int rc;
+
+    if (c->in_body) {
+      size_t k = avail < c->rx_left ? avail : c->rx_left;
+
+      rx_take(e, c, c->stage + c->st_pos, k);
+      c->st_pos += k;
+      continue;
+    }
+    if (conn_pause_if_full(e, c))
+      return false;
+    if (avail < sizeof(struct sock_hdr))
+      break;
+    memcpy(&h, c->stage + c->st_pos, sizeof(h));
+    c->st_pos += sizeof(h);
+    rc = rx_header(e, c, &h);
+    if (rc) {
+      conn_fail(e, c, -rc, false);
+      return false;
+    }
+  }
+  if (c->st_pos == c->st_end)
+    c->st_pos = c->st_end = 0;
+  return c->state == C_UP && !conn_pause_if_full(e, c);
+}
+
 static void conn_read(struct sock_ep *e, struct sock_conn *c) {
   unsigned char scratch[4096];
   size_t budget = SOCK_READ_BUDGET;
@@ -712,14 +767,8 @@ static void conn_read(struct sock_ep *e, struct sock_conn *c) {
   while (c->state == C_UP && budget) {
     ssize_t n;
 
-    if (!c->in_body && c->unexp_bytes >= SOCK_UNEXP_MAX && !c->posted && !c->rndv_tx &&
-        !c->rndv_rx && c->st_pos == c->st_end) {
-      /* nobody waits for what comes next: let TCP hold the sender */
-      c->paused = true;
-      conn_events(e, c);
+    if (!stage_parse(e, c))
       return;
-    }
-
     if (c->in_body && c->rx_left >= SOCK_DIRECT_MIN && c->st_pos == c->st_end) {
       /* read the payload where it belongs */
       size_t done = (c->rx_umsg ? c->rx_umsg->len : c->rx_req->msg_len) - c->rx_left;
@@ -751,31 +800,7 @@ static void conn_read(struct sock_ep *e, struct sock_conn *c) {
       if (n > 0) {
         budget = (size_t)n < budget ? budget - (size_t)n : 0;
         c->st_end += (size_t)n;
-        /* parse what the stage holds */
-        while (c->st_pos < c->st_end && c->state == C_UP) {
-          size_t avail = c->st_end - c->st_pos;
-
-          if (c->in_body) {
-            size_t k = avail < c->rx_left ? avail : c->rx_left;
-
-            rx_take(e, c, c->stage + c->st_pos, k);
-            c->st_pos += k;
-            continue;
-          }
-          if (avail < sizeof(struct sock_hdr))
-            break;
-          struct sock_hdr h;
-          memcpy(&h, c->stage + c->st_pos, sizeof(h));
-          c->st_pos += sizeof(h);
-          int rc = rx_header(e, c, &h);
-          if (rc) {
-            conn_fail(e, c, -rc, false);
-            return;
-          }
-        }
-        if (c->st_pos == c->st_end)
-          c->st_pos = c->st_end = 0;
-        continue;
+        continue; /* parsed at the top */
       }
     }
     if (n == 0) {
@@ -1162,8 +1187,7 @@ static int self_send(struct sock_ep *e, struct sock_req *s) {
     m->tag = s->tag;
     m->data = s->hdr.data;
     m->len = m->got = s->len;
-    if (m->buf)
-      c->unexp_bytes += m->len;
+    c->unexp_bytes += umsg_footprint(m);
     if (c->unexp_tail)
       c->unexp_tail->next = m;
     else
@@ -1210,7 +1234,6 @@ static int sock_post_send(prov_t *p, int peer, const void *buf, size_t len, uint
   }
   r->where = W_TXQ;
   list_push(&c->txq, &c->txq_tail, r);
-  conn_resume(e, c); /* a rendezvous send needs its CTS read */
   if (c->txq == r)
     conn_flush(e, c);
   return 0;
@@ -1328,6 +1351,15 @@ static int sock_progress(prov_t *p) {
   struct epoll_event ev[SOCK_EVENTS];
   int n, i;
 
+  if (e->kick) {
+    e->kick = false;
+    for (i = 0; i < e->nranks; i++) {
+      if (e->conns[i].kick) {
+        e->conns[i].kick = false;
+        conn_read(e, &e->conns[i]);
+      }
+    }
+  }
   n = epoll_wait(e->epfd, ev, SOCK_EVENTS, 0);
   for (i = 0; i < n; i++) {
     struct sock_fdent *fe = ev[i].data.ptr;
@@ -1352,7 +1384,9 @@ static int sock_wait_fd(prov_t *p) {
 }
 
 static int sock_arm(prov_t *p) {
-  return to_sock(p)->cq ? -EAGAIN : 0;
+  struct sock_ep *e = to_sock(p);
+
+  return e->cq || e->kick ? -EAGAIN : 0;
 }
 
 static void sock_disarm(prov_t *p) {

@@ -699,3 +699,69 @@ Test(sock, messages_to_self) {
   free(ts.buf);
   free(tr.buf);
 }
+
+/* ---- 8. a sender that runs ahead is held by TCP, not by the receiver's memory ---- */
+
+static long resident_kib(void) {
+  long pages = 0, rss = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+
+  if (f) {
+    if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+      rss = 0;
+    fclose(f);
+  }
+  return rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* 512 eager messages of 64 KiB (32 MiB) to a rank that posts no receive:
+ * it stops reading once 4 MiB of them wait (SOCK_UNEXP_MAX), so its
+ * memory grows by about that, not by 32 MiB; once it posts the receives,
+ * everything arrives, in order. */
+Test(sock, unexpected_messages_do_not_grow_without_bound) {
+  enum { N = 512 };
+  static pt_op_t s[N], r[N];
+  pt_op_t *all[2 * N];
+  unsigned char *src, *dst;
+  long before, grown;
+  int sent = 0;
+
+  open_pair();
+  src = xmalloc((size_t)N * EAGER_MAX);
+  dst = xmalloc((size_t)N * EAGER_MAX);
+  for (int i = 0; i < N; i++)
+    pt_fill(src + (size_t)i * EAGER_MAX, EAGER_MAX, 0x900 + (uint64_t)i);
+  memset(dst, 0, (size_t)N * EAGER_MAX); /* touched: not counted as growth */
+  progress_both(10);
+  before = resident_kib();
+  for (int i = 0; i < N; i++) {
+    pt_op_init(&s[i]);
+    s[i].buf = src + (size_t)i * EAGER_MAX;
+    cr_assert_eq(pt_send(eps, 2, eps[0], 1, &s[i], EAGER_MAX, 0x77, 1000), 0, "send %d", i);
+    all[2 * i] = &s[i];
+  }
+  for (double end = pt_now_ms() + 1000; pt_now_ms() < end;)
+    progress_both(1);
+  grown = resident_kib() - before;
+  for (int i = 0; i < N; i++)
+    sent += s[i].calls;
+  cr_log_info("unexpected: %d of %d sends done with no receive posted, receiver grew %ld KiB", sent,
+              N, grown);
+  cr_assert_lt(grown, 12 * 1024, "32 MiB sent to a rank that posts nothing grew it by %ld KiB",
+               grown);
+  for (int i = 0; i < N; i++) {
+    pt_op_init(&r[i]);
+    r[i].buf = dst + (size_t)i * EAGER_MAX;
+    cr_assert_eq(pt_recv(eps, 2, eps[1], 0, &r[i], EAGER_MAX, 0x77, 1000), 0, "recv %d", i);
+    all[2 * i + 1] = &r[i];
+  }
+  cr_assert(pt_drive(eps, 2, all, 2 * N, 20000), "not all completed: %s", eps[1]->last_error);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(s[i].status, 0);
+    cr_assert_eq(r[i].status, 0, "recv %d: %d %s", i, r[i].status, eps[1]->last_error);
+    cr_assert_eq(pt_check(dst + (size_t)i * EAGER_MAX, EAGER_MAX, 0x900 + (uint64_t)i), (size_t)-1,
+                 "message %d is not the %dth sent (FIFO for one tag)", i, i);
+  }
+  free(src);
+  free(dst);
+}
