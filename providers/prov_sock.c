@@ -276,10 +276,17 @@ static int ep_ctl(struct sock_ep *e, int op, struct sock_fdent *fe, uint32_t eve
   return epoll_ctl(e->epfd, op, fe->fd, &ev) ? -errno : 0;
 }
 
+/* Registers what c waits for. Nothing (paused, no send waiting): not in
+ * the set at all, so that a peer's hang-up, which epoll reports whatever
+ * the mask, does not wake a sleeper over and over; it is read on resume. */
 static void conn_events(struct sock_ep *e, struct sock_conn *c) {
   uint32_t ev = (c->paused ? 0 : EPOLLIN) | (c->want_out ? EPOLLOUT : 0);
+  int op = !c->events ? EPOLL_CTL_ADD : !ev ? EPOLL_CTL_DEL : EPOLL_CTL_MOD;
 
-  if (c->fe.fd >= 0 && ev != c->events && ep_ctl(e, EPOLL_CTL_MOD, &c->fe, ev) == 0)
+  if (c->fe.fd < 0 || ev == c->events)
+    return;
+  if (op == EPOLL_CTL_DEL ? epoll_ctl(e->epfd, op, c->fe.fd, NULL) == 0
+                          : ep_ctl(e, op, &c->fe, ev) == 0)
     c->events = ev;
 }
 
@@ -346,10 +353,12 @@ static void umsg_free(struct sock_ep *e, struct sock_umsg *m) {
   free(m);
 }
 
+static void umsg_unlink(struct sock_conn *c, struct sock_umsg *m);
+
 /* Fails everything posted on c (status for receives -ECONNRESET, sends
  * -EPIPE; or -ECANCELED when closing) and closes its socket. err 0: the
- * peer closed with nothing owed either way; the messages it sent before
- * stay for their receives. */
+ * peer closed with nothing owed either way. Messages that had arrived
+ * whole stay for the receives still to be posted. */
 static void conn_fail(struct sock_ep *e, struct sock_conn *c, int err, bool cancel) {
   struct sock_req *r, *next;
   struct sock_umsg *m, *mnext;
@@ -393,15 +402,16 @@ static void conn_fail(struct sock_ep *e, struct sock_conn *c, int err, bool canc
   if (c->rx_req)
     cq_push(e, c->rx_req, cancel ? -ECANCELED : -ECONNRESET, 0);
   c->rx_req = NULL;
-  if (cancel || err) {
-    for (m = c->unexp; m; m = mnext) {
-      mnext = m->next;
-      if (m->claimed)
-        cq_push(e, m->claimed, cancel ? -ECANCELED : -ECONNRESET, 0);
-      umsg_free(e, m);
-    }
-    c->unexp = c->unexp_tail = NULL;
-    c->unexp_bytes = 0;
+  /* messages that arrived whole stay for their receives (unless closing);
+   * one cut off in the middle is gone */
+  for (m = c->unexp; m; m = mnext) {
+    mnext = m->next;
+    if (!cancel && m->got == m->len)
+      continue;
+    if (m->claimed)
+      cq_push(e, m->claimed, cancel ? -ECANCELED : -ECONNRESET, 0);
+    umsg_unlink(c, m);
+    umsg_free(e, m);
   }
   c->rx_umsg = NULL;
   c->in_body = false;
