@@ -422,12 +422,22 @@ static void conn_fail(struct sock_ep *e, struct sock_conn *c, int err, bool canc
 
 /* ---- sending ---- */
 
-/* A send on c failed (errno): wait for room, or the connection is gone. */
-static void tx_stopped(struct sock_ep *e, struct sock_conn *c) {
+/* One nonblocking sendmsg of iov[0..n) on c: bytes written, or -1 when c
+ * takes no more now (it then waits for room, or has failed). */
+static ssize_t tx_send(struct sock_ep *e, struct sock_conn *c, struct iovec *iov, size_t n) {
+  struct msghdr mh = {.msg_iov = iov, .msg_iovlen = n};
+  ssize_t w;
+
+  do
+    w = sendmsg(c->fe.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (w < 0 && errno == EINTR);
+  if (w >= 0)
+    return w;
   if (errno == EAGAIN || errno == EWOULDBLOCK)
     conn_want_out(e, c, true);
   else
     conn_fail(e, c, errno, false);
+  return -1;
 }
 
 /* Writes what c's queue holds until the kernel takes no more. */
@@ -435,14 +445,11 @@ static void conn_flush(struct sock_ep *e, struct sock_conn *c) {
   if (c->state != C_UP)
     return;
   while (c->hello_due) {
-    ssize_t n = send(c->fe.fd, (char *)&c->hello + c->hello_off, sizeof(c->hello) - c->hello_off,
-                     MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      tx_stopped(e, c);
+    struct iovec v = {(char *)&c->hello + c->hello_off, sizeof(c->hello) - c->hello_off};
+    ssize_t n = tx_send(e, c, &v, 1);
+
+    if (n < 0)
       return;
-    }
     c->hello_off += (size_t)n;
     if (c->hello_off == sizeof(c->hello))
       c->hello_due = false;
@@ -450,8 +457,7 @@ static void conn_flush(struct sock_ep *e, struct sock_conn *c) {
   while (c->txq) {
     struct sock_req *r = c->txq;
     struct iovec iov[2];
-    struct msghdr mh = {.msg_iov = iov};
-    size_t body = r->hdr.type == H_EAGER || r->hdr.type == H_DATA ? r->len : 0;
+    size_t niov, body = r->hdr.type == H_EAGER || r->hdr.type == H_DATA ? r->len : 0;
     size_t total = sizeof(r->hdr) + body;
     ssize_t n;
 
@@ -460,19 +466,15 @@ static void conn_flush(struct sock_ep *e, struct sock_conn *c) {
       iov[0].iov_len = sizeof(r->hdr) - c->tx_off;
       iov[1].iov_base = r->buf;
       iov[1].iov_len = body;
-      mh.msg_iovlen = body ? 2 : 1;
+      niov = body ? 2 : 1;
     } else {
       iov[0].iov_base = r->buf + (c->tx_off - sizeof(r->hdr));
       iov[0].iov_len = total - c->tx_off;
-      mh.msg_iovlen = 1;
+      niov = 1;
     }
-    n = sendmsg(c->fe.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      tx_stopped(e, c);
+    n = tx_send(e, c, iov, niov);
+    if (n < 0)
       return;
-    }
     c->tx_off += (size_t)n;
     if (c->tx_off < total)
       continue;
