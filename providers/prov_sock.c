@@ -1190,21 +1190,13 @@ static int self_send(struct sock_ep *e, struct sock_req *s) {
     r->msg_len = s->len;
     cq_push(e, r, s->len > r->len ? -EMSGSIZE : 0, n);
   } else {
-    struct sock_umsg *m = umsg_alloc(e, s->len, true);
+    struct sock_umsg *m = umsg_new(e, c, &s->hdr, true); /* tag, len, data as sent */
 
     if (!m)
       return -ENOMEM;
     if (s->len)
       memcpy(m->buf, s->buf, s->len);
-    m->tag = s->tag;
-    m->data = s->hdr.data;
-    m->len = m->got = s->len;
-    c->unexp_bytes += umsg_footprint(m);
-    if (c->unexp_tail)
-      c->unexp_tail->next = m;
-    else
-      c->unexp = m;
-    c->unexp_tail = m;
+    m->got = s->len;
   }
   cq_push(e, s, 0, s->len);
   return 0;
