@@ -100,6 +100,7 @@ int dump_write(chorus_comm_t *c, const char *dir, int reason, int culprit, int s
     s->bytes = pend[i].bytes;
     s->since_ns = pend[i].since_ns;
     s->ndeps_left = pend[i].deps_left;
+    s->error = (uint32_t)pend[i].err;
     p_steps[i] = s;
   }
 

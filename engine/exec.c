@@ -40,6 +40,7 @@ typedef struct exec_step {
   uint32_t borrow_from; /* consumer: the RECV it reads, or UINT32_MAX */
   uint8_t kind;         /* plan step kind (an orphaned run may not read its plan) */
   uint64_t since_ns;    /* when it entered its state (ctx->trace only) */
+  int err;              /* FAILED by the transport: its errno */
 } exec_step_t;
 
 struct exec {
@@ -335,6 +336,7 @@ static void step_done(prov_op_t *op, int status, size_t len) {
   } else if (status) {
     ev.sig = E_ERROR;
     ev.arg = CHORUS_ERR_TRANSPORT;
+    st->err = -status;
     eng_log(ENG_ERR, ex->ctx->rank, "exec", "%s step %u (peer %d, %zu bytes) failed: %s",
             plan_step_kind_str(ps->kind), st->index, ps->peer, ps->bytes, strerror(-status));
   } else if (ps->kind == STEP_RECV && len != ps->bytes) {
@@ -535,6 +537,7 @@ static int post_step(exec_ctx_t *ctx, exec_t *ex, uint32_t idx) {
     eng_log(ENG_ERR, ctx->rank, "exec", "posting %s step %u (peer %d) failed: %s",
             plan_step_kind_str(ps->kind), idx, ps->peer, strerror(-rc));
     fsm_event_t ev = {.sig = E_ERROR, .arg = CHORUS_ERR_TRANSPORT};
+    st->err = -rc;
     fsm_dispatch(&st->fsm, &ev);
   }
   return rc;
@@ -591,6 +594,34 @@ static size_t drive_one(exec_ctx_t *ctx, exec_t *ex) {
   return moved;
 }
 
+/* Step i of a run as dumps and the watchdog see it. */
+static exec_pending_t pending_of(const exec_t *ex, uint32_t i) {
+  const exec_step_t *st = &ex->steps[i];
+  const plan_step_t *ps = &ex->plan->steps[i];
+  return (exec_pending_t){.call_seq = ex->call_seq,
+                          .seq16 = ex->seq,
+                          .p2p = (ex->msg_or & EXEC_MSG_P2P) != 0,
+                          .index = i,
+                          .kind = ps->kind,
+                          .state = st->fsm.state,
+                          .peer = ps->peer,
+                          .msg = ps->msg,
+                          .bytes = ps->bytes,
+                          .since_ns = st->since_ns,
+                          .deps_left = st->fsm.state == S_WAIT ? st->deps_left : 0,
+                          .err = st->fsm.state == S_FAILED ? st->err : 0};
+}
+
+/* A failed run's steps that the transport failed, kept past the run. */
+static void keep_broken(exec_ctx_t *ctx, const exec_t *ex) {
+  size_t n = 0;
+  for (uint32_t i = 0; i < ex->nsteps && n < EXEC_BROKE_MAX; i++)
+    if (ex->steps[i].fsm.state == S_FAILED && ex->steps[i].err)
+      ctx->broke[n++] = pending_of(ex, i);
+  if (n)
+    ctx->nbroke = n;
+}
+
 size_t exec_drive(exec_ctx_t *ctx) {
   size_t moved = 0;
   exec_t *prev = NULL, *ex = ctx->active;
@@ -614,6 +645,10 @@ size_t exec_drive(exec_ctx_t *ctx) {
         ctx->active = next;
       if (ctx->active_tail == ex)
         ctx->active_tail = prev;
+      if (!ex->orphan && ex->status)
+        keep_broken(ctx, ex);
+      else if (!ex->orphan)
+        ctx->nbroke = 0;
       if (!ex->orphan)
         ex->done(ex, ex->status, ex->arg);
       exec_release(ex);
@@ -626,6 +661,7 @@ size_t exec_drive(exec_ctx_t *ctx) {
               "collective #%llu failed; %u operations the transport could not cancel are left "
               "to it",
               (unsigned long long)ex->call_seq, ex->nposted);
+      keep_broken(ctx, ex);
       ex->done(ex, ex->status, ex->arg);
       ex->orphan = true;
       moved++;
@@ -656,25 +692,15 @@ size_t exec_pending(const exec_ctx_t *ctx, exec_pending_t *out, size_t max) {
     if (ex->orphan)
       continue;
     for (uint32_t i = 0; i < ex->nsteps; i++) {
-      const exec_step_t *st = &ex->steps[i];
-      if (st->fsm.state == S_DONE)
+      if (ex->steps[i].fsm.state == S_DONE)
         continue;
       if (n == max)
         return n;
-      const plan_step_t *ps = &ex->plan->steps[i];
-      out[n++] = (exec_pending_t){.call_seq = ex->call_seq,
-                                  .seq16 = ex->seq,
-                                  .p2p = (ex->msg_or & EXEC_MSG_P2P) != 0,
-                                  .index = i,
-                                  .kind = ps->kind,
-                                  .state = st->fsm.state,
-                                  .peer = ps->peer,
-                                  .msg = ps->msg,
-                                  .bytes = ps->bytes,
-                                  .since_ns = st->since_ns,
-                                  .deps_left = st->fsm.state == S_WAIT ? st->deps_left : 0};
+      out[n++] = pending_of(ex, i);
     }
   }
+  for (size_t i = 0; i < ctx->nbroke && n < max; i++)
+    out[n++] = ctx->broke[i];
   return n;
 }
 
@@ -694,17 +720,7 @@ bool exec_blocker(const exec_ctx_t *ctx, exec_pending_t *out) {
       }
     if (!best)
       continue;
-    const plan_step_t *ps = &ex->plan->steps[best->index];
-    *out = (exec_pending_t){.call_seq = ex->call_seq,
-                            .seq16 = ex->seq,
-                            .p2p = (ex->msg_or & EXEC_MSG_P2P) != 0,
-                            .index = best->index,
-                            .kind = ps->kind,
-                            .state = S_POSTED,
-                            .peer = ps->peer,
-                            .msg = ps->msg,
-                            .bytes = ps->bytes,
-                            .since_ns = best->since_ns};
+    *out = pending_of(ex, best->index);
     return true;
   }
   return false;

@@ -22,6 +22,22 @@
 
 typedef struct exec exec_t;
 
+/* A step not done, as dumps and the watchdog see it. */
+typedef struct exec_pending {
+  uint64_t call_seq;
+  uint16_t seq16;
+  bool p2p;
+  uint32_t index;
+  int kind;  /* plan_step_kind */
+  int state; /* the step machine's: 0 WAIT, 1 READY, 2 POSTED, 3 DONE, 4 FAILED */
+  int peer;
+  uint32_t msg;
+  size_t bytes;
+  uint64_t since_ns;
+  uint32_t deps_left;
+  int err; /* FAILED by the transport: its errno; 0 otherwise */
+} exec_pending_t;
+
 /* What all running plans of one communicator share. Only the progress
  * thread touches it. */
 typedef struct exec_ctx {
@@ -39,6 +55,12 @@ typedef struct exec_ctx {
   size_t scratch_keep; /* CHORUS_BUFFSIZE: largest scratch kept between runs */
   size_t scratch_bytes;
   bool scratch_lent;
+  /* The steps the transport failed (a broken connection) in the last run
+   * that failed so, kept for the dumps once that run is gone: the peers
+   * this rank waited on until the break. Cleared by a run that succeeds. */
+#define EXEC_BROKE_MAX 4
+  exec_pending_t broke[EXEC_BROKE_MAX];
+  size_t nbroke;
 } exec_ctx_t;
 
 typedef void (*exec_done_fn)(exec_t *ex, int status, void *arg);
@@ -80,21 +102,8 @@ void exec_start(exec_ctx_t *ctx, exec_t *ex);
 size_t exec_drive(exec_ctx_t *ctx);
 /* Fails every active run with `status` (cancels what is posted). */
 void exec_fail_all(exec_ctx_t *ctx, int status);
-/* Steps not done of the running plans (progress thread, or prog_lock):
- * what a dump shows. Returns how many were written (at most max). */
-typedef struct exec_pending {
-  uint64_t call_seq;
-  uint16_t seq16;
-  bool p2p;
-  uint32_t index;
-  int kind;  /* plan_step_kind */
-  int state; /* the step machine's: 0 WAIT, 1 READY, 2 POSTED, 3 DONE, 4 FAILED */
-  int peer;
-  uint32_t msg;
-  size_t bytes;
-  uint64_t since_ns;
-  uint32_t deps_left;
-} exec_pending_t;
+/* Steps not done of the running plans (progress thread, or prog_lock),
+ * then those of ctx->broke: what a dump shows. Returns how many were written (at most max). */
 size_t exec_pending(const exec_ctx_t *ctx, exec_pending_t *out, size_t max);
 /* What the oldest healthy run waits for: its oldest posted receive, else
  * its oldest posted send. False when nothing is posted. */

@@ -1,5 +1,5 @@
 /*
- * The four ways a data-parallel job used to hang silently, over shm and tcp
+ * The four ways a data-parallel job used to hang silently, over shm, tcp and sock
  * at 4 and 8 ranks: one rank skips a training step (its later calls shift),
  * calls allreduce with another count or dtype, is killed, or stalls inside
  * a collective. Each must end on every live rank within CHORUS_TIMEOUT + 5 s
@@ -228,3 +228,5 @@ SCENARIOS(shm, 4)
 SCENARIOS(tcp, 4)
 SCENARIOS(shm, 8)
 SCENARIOS(tcp, 8)
+SCENARIOS(sock, 4)
+SCENARIOS(sock, 8)

@@ -275,6 +275,33 @@ __attribute__((unused)) static void scenario_killed(const char *dir, bool trunca
   }
 }
 
+/* 4 ranks in allreduce #12 over a transport that reports a broken
+ * connection (sock): rank 3 was killed; rank 0's receive from it and rank
+ * 2's send to it failed (ECONNRESET, EPIPE), and those runs are gone, so
+ * the failed steps are all they show; rank 1 still waits on rank 0, and a
+ * receive of its that was canceled (no error) is no wait. */
+__attribute__((unused)) static void scenario_broken_connections(const char *dir) {
+  for (int r = 0; r < 3; r++) {
+    char name[32];
+    tf_dump_t *d = tf_new(5, r, 4, L(r, 30), off_of(r));
+    tf_call(d, 11, TF_ALLREDUCE, TF_FLOAT32, 65536, TF_SUM, -1, L(r, 1), L(r, 2));
+    tf_call(d, 12, TF_ALLREDUCE, TF_FLOAT32, 65536, TF_SUM, -1, L(r, 10), 0);
+    tf_where(d, 12, 11, true, L(r, 29));
+    if (r == 0)
+      tf_step(d, 12, 1, TF_RECV, TF_FAILED, 3, 0, L(r, 12))->error = ECONNRESET;
+    if (r == 1) {
+      tf_step(d, 12, 1, TF_RECV, TF_POSTED, 0, 0, L(r, 11));
+      tf_step(d, 12, 4, TF_RECV, TF_FAILED, 2, 1, L(r, 11));
+    }
+    if (r == 2)
+      tf_step(d, 12, 0, TF_SEND, TF_FAILED, 3, 0, L(r, 12))->error = EPIPE;
+    tf_peer(d, 3, TF_LOST, 11, L(r, 12));
+    tf_verdict(d, TF_PEER_LOST, 3, "rank 3 is lost", L(r, 13));
+    snprintf(name, sizeof(name), "rank-%d", r);
+    write_dump(d, dir, name);
+  }
+}
+
 /* 4 ranks in allreduce #20, waiting in a ring; rank 1's progress engine has
  * not run for 40 s and its first send is still READY. */
 __attribute__((unused)) static void scenario_stalled(const char *dir) {
@@ -664,6 +691,26 @@ Test(chorus_trace, killed_rank_without_a_dump_is_lost) {
   assert_has(r.out, "    sees rank 3 LOST (last seq 11, heard 8.0 s before)\n");
   assert_has(r.out, "    verdict TIMEOUT: collective #12 waited past CHORUS_TIMEOUT\n");
   assert_has(r.out, "    #12 step 1 RECV chunk 0 from rank 3: POSTED for 8.0 s\n");
+  run_free(&r);
+  tdir_free(&t);
+}
+
+Test(chorus_trace, connection_broken_by_a_killed_rank_is_a_wait_on_it) {
+  tdir_t t = tdir_new();
+  scenario_broken_connections(t.dumps);
+  char *line = run_all_outputs(&t, 0, 3, false);
+  cr_assert_str_eq(line, "collective #12 allreduce(float32, 65536, sum): ranks 0,1,2 wait; rank 0 "
+                         "in 'RECV chunk 0 from rank 3' for 18 ms, rank 2 in 'SEND chunk 0 to "
+                         "rank 3' for 18 ms; rank 3 left no dump and ranks 0,1,2 saw it lost: rank "
+                         "3 lost");
+  free(line);
+  run_t r = run_on(&t, t.dumps, "-v", (const char *)NULL);
+  cr_assert_eq(r.status, 0);
+  assert_has(r.out, "  rank 0 -> rank 3: RECV chunk 0 from rank 3, FAILED (Connection reset by "
+                    "peer) for 18 ms\n");
+  assert_has(r.out, "    #12 step 0 SEND chunk 0 to rank 3: FAILED (Broken pipe) for 18 ms\n");
+  assert_has(r.out, "    #12 step 4 RECV chunk 1 from rank 2: FAILED for 19 ms\n");
+  cr_assert_null(strstr(r.out, "rank 1 -> rank 2"), "a canceled step is no wait:\n%s", r.out);
   run_free(&r);
   tdir_free(&t);
 }

@@ -124,7 +124,9 @@ static void steps(out_t *o, const tr_diag_t *dg, int r, const tr_dump_t *d) {
     uint64_t since = p->since_ns && p->since_ns <= d->t_dump_ns ? p->since_ns : d->t_dump_ns;
     tr_bclear(&s);
     tr_step_str(&s, p, size);
-    tr_bprintf(&s, " [%s]", tr_state_name((int)p->state));
+    tr_bputs(&s, " [");
+    tr_step_state_str(&s, p);
+    tr_bputs(&s, "]");
     ev(o);
     fprintf(o->f,
             "{\"ph\":\"X\",\"cat\":\"stuck\",\"name\":%s,\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"

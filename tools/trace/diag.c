@@ -2,7 +2,9 @@
  * diag.c - who holds up a communicator, from its ranks' dumps.
  *
  * The wait-for graph: rank A waits for rank B when A has a pending RECV from
- * B (ready or posted) or a SEND to B posted TR_OLD_SEND_NS ago or more. The
+ * B (ready or posted), a SEND to B posted TR_OLD_SEND_NS ago or more, or a
+ * RECV or SEND with B that the transport failed (the connection broke: A
+ * waited on B until B went away). The
  * collective in question (#k) is the one most waiting ranks are in. Then, in
  * this order, the first rule that holds names the culprit:
  *
@@ -97,6 +99,9 @@ static void rank_info(ctx_t *x) {
 /* ---- the wait-for graph ---- */
 
 static bool blocking(const tr_step_t *s, uint64_t age) {
+  if (s->state == CHORUS__TRACE__STEP_STATE__STATE_FAILED)
+    return s->error && (s->kind == CHORUS__TRACE__STEP_KIND__STEP_RECV ||
+                        s->kind == CHORUS__TRACE__STEP_KIND__STEP_SEND);
   if (s->kind == CHORUS__TRACE__STEP_KIND__STEP_RECV)
     return s->state == CHORUS__TRACE__STEP_STATE__STATE_READY ||
            s->state == CHORUS__TRACE__STEP_STATE__STATE_POSTED;

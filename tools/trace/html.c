@@ -161,7 +161,9 @@ static void lane_steps(page_t *p, const tr_dump_t *d) {
     tr_bclear(&t);
     tr_bprintf(&t, "stuck: #%llu step %u: ", (unsigned long long)s->seq, (unsigned)s->index);
     tr_step_str(&t, s, size);
-    tr_bprintf(&t, ", %s for ", tr_state_name((int)s->state));
+    tr_bputs(&t, ", ");
+    tr_step_state_str(&t, s);
+    tr_bputs(&t, " for ");
     tr_dur_str(&t, d->t_dump_ns - since);
     fprintf(p->f, "%s[%.3f,%.3f,\"\",", first ? "" : ",", a, e);
     fprintf(p->f, "%s,1]", json(p, tr_bstr(&t)));
@@ -284,7 +286,9 @@ static void waits(page_t *p) {
     tr_bclear(&t);
     tr_bprintf(&t, "rank %d waits for rank %d: ", e->from, e->to);
     tr_step_str(&t, e->step, p->c->size);
-    tr_bprintf(&t, ", %s for ", tr_state_name((int)e->step->state));
+    tr_bputs(&t, ", ");
+    tr_step_state_str(&t, e->step);
+    tr_bputs(&t, " for ");
     tr_dur_str(&t, e->age_ns);
     if (e->nsteps > 1)
       tr_bprintf(&t, " (+%u more steps)", e->nsteps - 1);
@@ -384,7 +388,9 @@ static void stuck_lists(page_t *p) {
       tr_bclear(&t);
       tr_bprintf(&t, "#%llu step %u: ", (unsigned long long)s->seq, (unsigned)s->index);
       tr_step_str(&t, s, c->size);
-      tr_bprintf(&t, ", %s for ", tr_state_name((int)s->state));
+      tr_bputs(&t, ", ");
+      tr_step_state_str(&t, s);
+      tr_bputs(&t, " for ");
       tr_dur_str(&t, tr_age(d->t_dump_ns, s->since_ns));
       fprintf(p->f, "<li>%s</li>\n", html(p, tr_bstr(&t)));
     }

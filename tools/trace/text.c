@@ -55,7 +55,9 @@ void tr_print_graph(const tr_diag_t *d, FILE *f, bool all) {
     }
     tr_bclear(&b);
     tr_step_str(&b, e->step, c->size);
-    tr_bprintf(&b, ", %s for ", tr_state_name((int)e->step->state));
+    tr_bputs(&b, ", ");
+    tr_step_state_str(&b, e->step);
+    tr_bputs(&b, " for ");
     tr_dur_str(&b, e->age_ns);
     if (e->nsteps > 1)
       tr_bprintf(&b, " (+%u more steps)", e->nsteps - 1);
@@ -129,7 +131,9 @@ void tr_print_ranks(const tr_diag_t *d, FILE *f) {
       const tr_step_t *s = ck->pending[i];
       tr_bclear(&b);
       tr_step_str(&b, s, c->size);
-      tr_bprintf(&b, ": %s for ", tr_state_name((int)s->state));
+      tr_bputs(&b, ": ");
+      tr_step_state_str(&b, s);
+      tr_bputs(&b, " for ");
       tr_dur_str(&b, tr_age(dp->t_dump_ns, s->since_ns));
       fprintf(f, "    #%llu step %u %s\n", (unsigned long long)s->seq, (unsigned)s->index,
               tr_bstr(&b));

@@ -77,6 +77,8 @@ const char *tr_peer_state_name(int st);  /* "LOST" */
 void tr_call_str(tr_buf_t *b, const tr_call_t *c);
 /* "RECV chunk 2 from rank 2", "REDUCE chunk 0" */
 void tr_step_str(tr_buf_t *b, const tr_step_t *s, int size);
+/* "POSTED", "FAILED (Connection reset by peer)" */
+void tr_step_state_str(tr_buf_t *b, const tr_step_t *s);
 /* "12.4 s", "340 ms", "85 us" */
 void tr_dur_str(tr_buf_t *b, uint64_t ns);
 /* "0,1,3" or "0-5,7" (runs of 4 or more; ranks[i] ascending; at most `max` listed, then "..."). */

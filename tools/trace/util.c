@@ -290,6 +290,12 @@ void tr_step_str(tr_buf_t *b, const tr_step_t *s, int size) {
     tr_bprintf(b, valid ? " from rank %d" : " from rank %d?", (int)s->peer);
 }
 
+void tr_step_state_str(tr_buf_t *b, const tr_step_t *s) {
+  tr_bputs(b, tr_state_name((int)s->state));
+  if (s->state == CHORUS__TRACE__STEP_STATE__STATE_FAILED && s->error)
+    tr_bprintf(b, " (%s)", strerror((int)s->error));
+}
+
 void tr_dur_str(tr_buf_t *b, uint64_t ns) {
   double t = (double)ns;
   if (t >= 1e9)
