@@ -741,8 +741,9 @@ out:
 }
 
 /* Transport: CHORUS_PROVIDER for everything when set; else by topology:
- * shm on one host, tcp when no two ranks share a host, and otherwise shm
- * inside each host with tcp between hosts (prov_multi). */
+ * shm on one host, sock (Chorus's TCP transport) when no two ranks share a
+ * host, and otherwise shm inside each host with sock between hosts
+ * (prov_multi). libfabric's tcp stays a CHORUS_PROVIDER choice. */
 static const char *choose_provider(const chorus_comm_t *c) {
   if (c->local)
     return "inproc";
@@ -751,8 +752,8 @@ static const char *choose_provider(const chorus_comm_t *c) {
   if (!c->topo || c->topo->nhosts <= 1)
     return "shm";
   if (topo_one_rank_per_host(c->topo))
-    return "tcp";
-  return "shm+tcp";
+    return "sock";
+  return "shm+sock";
 }
 
 bool comm_intra_network(const chorus_comm_t *c) {

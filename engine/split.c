@@ -11,8 +11,8 @@
  *      topology is the parent's, restricted to the group.
  *   2. in-process jobs only: the group's first member makes the child's job
  *      (its own world of transports) and publishes it.
- *   3. the members open a transport of their own for the child (shm, tcp or
- *      shm+tcp by the child's topology, as at init) and publish its
+ *   3. the members open a transport of their own for the child (shm, sock or
+ *      shm+sock by the child's topology, as at init) and publish its
  *      endpoint record; each inserts its group's records.
  *
  * The child then has its own endpoint, progress thread and sequence

@@ -330,11 +330,17 @@ static int hosts_rank(int rank, int size, const char *addr, void *arg) {
   return bad;
 }
 
-/* Runs n ranks under CHORUS_TOPO=spec; checks what every rank reported. */
-static void run_hosts(const char *spec, int n, int nhosts, const int *host_of) {
-  char topo[128];
+/* Runs n ranks under CHORUS_TOPO=spec, between hosts over `net` ("sock",
+ * the default, or "tcp": CHORUS_PROVIDER=shm+tcp); checks what every rank
+ * reported. */
+static void run_hosts(const char *spec, int n, int nhosts, const int *host_of, const char *net) {
+  char topo[128], prov[96], want_prov[64];
   snprintf(topo, sizeof(topo), "CHORUS_TOPO=%s", spec);
-  const char *env[] = {topo, "CHORUS_CONNECT_TIMEOUT=60", NULL};
+  snprintf(want_prov, sizeof(want_prov), "shm+%s", net);
+  snprintf(prov, sizeof(prov), "CHORUS_PROVIDER=%s", want_prov);
+  bool dflt = strcmp(net, "sock") == 0;
+  const char *want_net = dflt ? "sock" : "tcp;ofi_rxm";
+  const char *env[] = {topo, "CHORUS_CONNECT_TIMEOUT=60", dflt ? NULL : prov, NULL};
 
   reports_map();
   mp_result_t r = mp_run(n, hosts_rank, NULL, 180, env);
@@ -343,39 +349,43 @@ static void run_hosts(const char *spec, int n, int nhosts, const int *host_of) {
   uint64_t inter = 0, intra = 0;
   for (int i = 0; i < n; i++) {
     rank_report_t *me = &reports[i];
-    cr_assert_str_eq(me->provider, "shm+tcp", "rank %d", i);
+    cr_assert_str_eq(me->provider, want_prov, "rank %d", i);
     cr_assert_eq(me->nhosts, nhosts);
     for (int p = 0; p < n; p++)
       cr_assert_eq(me->host_of[p], host_of[p], "rank %d sees rank %d on host %d", i, p,
                    me->host_of[p]);
     cr_assert(me->have_stats);
-    cr_assert_str_eq(me->net_name, "tcp;ofi_rxm");
+    cr_assert_str_eq(me->net_name, want_net);
     int local = 0;
     for (int p = 0; p < n; p++)
       local += host_of[p] == host_of[i];
     /* shm is opened for the ranks of the host only: it can not carry
-     * anything to another host, so what crossed went over tcp */
+     * anything to another host, so what crossed went over the network */
     cr_assert_eq(me->st.child_nranks[0], local > 1 ? local : 0, "rank %d", i);
     inter += me->st.send_bytes[1];
     intra += me->st.send_bytes[0];
   }
-  cr_assert_gt(inter, 0, "%s: nothing crossed between hosts over tcp", spec);
+  cr_assert_gt(inter, 0, "%s: nothing crossed between hosts over %s", spec, net);
   cr_assert_gt(intra, 0, "%s: nothing moved inside a host over shm", spec);
-  cr_log_info("%s: %llu bytes over tcp, %llu over shm", spec, (unsigned long long)inter,
+  cr_log_info("%s: %llu bytes over %s, %llu over shm", spec, (unsigned long long)inter, net,
               (unsigned long long)intra);
   munmap(reports, 64 * sizeof(*reports));
 }
 
-Test(topo, hosts_2x2_over_shm_and_tcp) {
-  run_hosts("hosts=2x2", 4, 2, (int[]){0, 0, 1, 1});
+Test(topo, hosts_2x2_over_shm_and_sock) {
+  run_hosts("hosts=2x2", 4, 2, (int[]){0, 0, 1, 1}, "sock");
 }
 
-Test(topo, hosts_3x3_over_shm_and_tcp) {
-  run_hosts("hosts=3x3", 9, 3, (int[]){0, 0, 0, 1, 1, 1, 2, 2, 2});
+Test(topo, hosts_2x2_over_shm_and_libfabric_tcp) {
+  run_hosts("hosts=2x2", 4, 2, (int[]){0, 0, 1, 1}, "tcp");
 }
 
-Test(topo, interleaved_map_over_shm_and_tcp) {
-  run_hosts("map=0,1,0,1,2", 5, 3, (int[]){0, 1, 0, 1, 2});
+Test(topo, hosts_3x3_over_shm_and_sock) {
+  run_hosts("hosts=3x3", 9, 3, (int[]){0, 0, 0, 1, 1, 1, 2, 2, 2}, "sock");
+}
+
+Test(topo, interleaved_map_over_shm_and_sock) {
+  run_hosts("map=0,1,0,1,2", 5, 3, (int[]){0, 1, 0, 1, 2}, "sock");
 }
 
 static int provider_rank(int rank, int size, const char *addr, void *arg) {
@@ -402,7 +412,7 @@ Test(topo, provider_choice) {
   mp_result_t r = mp_run(4, provider_rank, "tcp;ofi_rxm", 120, forced);
   cr_assert_eq(r.failed, 0, "forced tcp");
   const char *spread[] = {"CHORUS_TOPO=hosts=3x1", NULL};
-  r = mp_run(3, provider_rank, "tcp;ofi_rxm", 120, spread);
+  r = mp_run(3, provider_rank, "sock", 120, spread);
   cr_assert_eq(r.failed, 0, "one rank per host");
   const char *one[] = {"CHORUS_TOPO=hosts=1x3", NULL};
   r = mp_run(3, provider_rank, "shm", 120, one);
