@@ -70,6 +70,7 @@ struct exec {
   exec_done_fn done;
   void *arg;
   exec_t *next;
+  uint32_t cap; /* steps the block holds (exec_alloc) */
 };
 
 static exec_step_t *step_of(fsm_inst_t *i) {
@@ -388,18 +389,49 @@ static void find_borrowable(exec_t *ex) {
   }
 }
 
+/* A run, its steps and its three queues are one block; the last block
+ * released is kept for the next run of up to EXEC_SPARE_STEPS steps (most
+ * calls repeat one small plan: no allocator on their path). */
+#define EXEC_SPARE_STEPS 256
+
+static size_t exec_bytes(uint32_t n) {
+  size_t head = (sizeof(exec_t) + 63) & ~(size_t)63;
+  return head + (size_t)n * sizeof(exec_step_t) + 3 * (size_t)n * sizeof(uint32_t);
+}
+
+static exec_t *exec_alloc(exec_ctx_t *ctx, uint32_t n) {
+  exec_t *ex = ctx->spare;
+  uint32_t cap = n ? n : 1;
+  if (ex && ex->cap >= n) {
+    cap = ex->cap;
+    ctx->spare = NULL;
+    memset(ex, 0, exec_bytes(0) + (size_t)n * sizeof(exec_step_t));
+  } else {
+    ex = calloc(1, exec_bytes(cap));
+    if (!ex)
+      return NULL;
+  }
+  ex->cap = cap;
+  ex->steps = (exec_step_t *)((uint8_t *)ex + exec_bytes(0));
+  ex->q_local = (uint32_t *)(ex->steps + cap);
+  return ex;
+}
+
+static void exec_free(exec_ctx_t *ctx, exec_t *ex) {
+  if (!ctx->spare && ex->cap <= EXEC_SPARE_STEPS)
+    ctx->spare = ex;
+  else
+    free(ex);
+}
+
 exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, void *recvbuf,
                     uint16_t seq, exec_done_fn done, void *arg) {
-  exec_t *ex = calloc(1, sizeof(*ex));
   uint32_t n = plan->nsteps;
+  exec_t *ex = exec_alloc(ctx, n);
 
   if (!ex)
     return NULL;
   ex->nsteps = n;
-  ex->steps = calloc(n ? n : 1, sizeof(*ex->steps));
-  ex->q_local = malloc(3 * (size_t)(n ? n : 1) * sizeof(uint32_t));
-  if (!ex->steps || !ex->q_local)
-    goto out_free;
   ex->q_send = ex->q_local + n;
   ex->q_recv = ex->q_send + n;
   if (plan->scratch_bytes) {
@@ -445,9 +477,7 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
   return ex;
 
 out_free:
-  free(ex->steps);
-  free(ex->q_local);
-  free(ex);
+  exec_free(ctx, ex);
   return NULL;
 }
 
@@ -462,9 +492,7 @@ static void exec_release(exec_t *ex) {
     ex->ctx->scratch_lent = false;
   free(ex->own_scratch);
   free(ex->why);
-  free(ex->steps);
-  free(ex->q_local);
-  free(ex);
+  exec_free(ex->ctx, ex);
 }
 
 void exec_set_extra(exec_t *ex, void *const *xbufs, uint32_t msg_or) {
@@ -743,4 +771,6 @@ void exec_ctx_fini(exec_ctx_t *ctx) {
   free(ctx->scratch);
   ctx->scratch = NULL;
   ctx->scratch_bytes = 0;
+  free(ctx->spare);
+  ctx->spare = NULL;
 }

@@ -61,6 +61,7 @@ typedef struct exec_ctx {
 #define EXEC_BROKE_MAX 4
   exec_pending_t broke[EXEC_BROKE_MAX];
   size_t nbroke;
+  exec_t *spare; /* the last run's memory, kept for the next (exec.c) */
 } exec_ctx_t;
 
 typedef void (*exec_done_fn)(exec_t *ex, int status, void *arg);
