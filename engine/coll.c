@@ -787,9 +787,13 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
     sh.nmulti = k->nbufs;
   }
 
-  chorus_request_t *r = calloc(1, sizeof(*r));
-  if (!r)
+  chorus_request_t *r = c->spare_req;
+  if (r) {
+    c->spare_req = NULL;
+    memset(r, 0, sizeof(*r));
+  } else if (!(r = calloc(1, sizeof(*r)))) {
     return comm_error(c, CHORUS_ERR_NO_MEMORY, "%s: out of memory", k->fn);
+  }
   if ((ret = plan_get(c, k, &sh, &ro, &r->slot, &r->plan, ext))) {
     free(r);
     return ret;
@@ -1217,9 +1221,12 @@ void coll_comm_fini(chorus_comm_t *c) {
     if (!r->slot)
       plan_free(r->plan);
     free(r->xbufs);
+    free(r->park_why);
     free(r->tmp);
     free(r);
   }
+  free(c->spare_req);
+  c->spare_req = NULL;
   for (int i = 0; i < COMM_PLAN_CACHE; i++) {
     plan_free(c->plans[i].plan);
     free(c->plans[i].mcounts);

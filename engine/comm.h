@@ -141,8 +141,9 @@ struct chorus_comm {
   uint64_t seq; /* calls begun (collectives and internal rounds); tags carry its low 16 bits */
   uint64_t uses;
   comm_plan_slot_t plans[COMM_PLAN_CACHE];
-  chorus_request_t *live; /* requests not yet released */
-  select_ctx_t sel;       /* algorithm selection (coll.c) */
+  chorus_request_t *live;      /* requests not yet released */
+  chorus_request_t *spare_req; /* the last one released, for the next call */
+  select_ctx_t sel;            /* algorithm selection (coll.c) */
   /* the last selections, so that a repeated call skips the cost model */
   struct comm_sel_memo {
     const algo_desc_t *d; /* NULL: empty */

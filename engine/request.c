@@ -72,7 +72,10 @@ void request_release(chorus_request_t *req) {
   free(req->xbufs);
   free(req->park_why);
   free(req->tmp);
-  free(req);
+  if (!c->spare_req)
+    c->spare_req = req; /* the next call's (coll_prepare) */
+  else
+    free(req);
 }
 
 void request_wait_done(chorus_request_t *r) {
