@@ -1173,6 +1173,11 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
  * 256 KiB chunks, 1029 in one message). Not allgather, whose messages
  * cross in both directions: 1054 us in 256 KiB chunks, 1247 in one. */
 #define SEL_NET_BCAST_CHUNK (4u << 20)
+/* So do broadcasts among ranks that outnumber the cores: a chunk overlaps
+ * nothing while every core is busy, and each costs a turn (8 ranks on 2
+ * cores, 2 MiB bcast by tree, 6 interleaved rounds: 3386 us in the 1 MiB
+ * chunks of the rule above, 2895 in 4 MiB; 64 MiB by chain: 107 -> 104
+ * ms). */
 /* Over sock the other collectives take 512 KiB chunks: a rendezvous (RTS,
  * CTS) per chunk costs a round trip there too. 2 ranks, 5 interleaved
  * rounds, 256 KiB -> 512 KiB: allgather 2 MiB 520 -> 448 us, 64 MiB 36.9 ->
@@ -1195,8 +1200,9 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   c->chunk_bytes = dflt ? SEL_DEFAULT_CHUNK * (size_t)per_core : c->set.chunk_bytes;
   if (dflt && c->chunk_bytes < SEL_SOCK_CHUNK && comm_all_sock(c))
     c->chunk_bytes = SEL_SOCK_CHUNK;
-  c->bcast_chunk_bytes =
-      dflt && net && c->chunk_bytes < SEL_NET_BCAST_CHUNK ? SEL_NET_BCAST_CHUNK : c->chunk_bytes;
+  c->bcast_chunk_bytes = dflt && (net || per_core > 1) && c->chunk_bytes < SEL_NET_BCAST_CHUNK
+                             ? SEL_NET_BCAST_CHUNK
+                             : c->chunk_bytes;
 }
 
 chorus_result coll_comm_init(chorus_comm_t *c) {

@@ -1,10 +1,13 @@
 /*
  * test_topo.c - host topology: CHORUS_TOPO parsing, topologies from host
  * identities, and jobs over emulated hosts, where ranks of one host talk
- * over shm and ranks of different hosts over tcp (prov_multi): allreduce
- * results bitwise right, and the bytes between hosts counted on tcp.
+ * over shm and ranks of different hosts over sock or libfabric's tcp
+ * (prov_multi): allreduce results bitwise right, and the bytes between hosts
+ * counted on the network side; default chunk sizes.
  */
+#define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -439,9 +442,22 @@ static int chunk_rank(int rank, int size, const char *addr, void *arg) {
   return bad;
 }
 
+/* chunk_rank with every rank on CPU 0: two ranks share one core */
+static int chunk_rank_one_core(int rank, int size, const char *addr, void *arg) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(0, &set);
+  if (sched_setaffinity(0, sizeof(set), &set)) {
+    perror("sched_setaffinity");
+    return 1;
+  }
+  return chunk_rank(rank, size, addr, arg);
+}
+
 /* Default chunks by transport: 256 KiB over shm, broadcasts in 4 MiB over
  * a network, and 512 KiB for the rest over sock (a rendezvous a chunk);
- * a CHORUS_CHUNK_BYTES the user set is kept for everything. */
+ * a CHORUS_CHUNK_BYTES the user set is kept for everything. Ranks that
+ * share a core take chunks larger by ranks per core, and broadcasts 4 MiB. */
 Test(topo, chunk_defaults_by_transport) {
   const char *shm[] = {"CHORUS_PROVIDER=shm", NULL};
   const char *tcp[] = {"CHORUS_PROVIDER=tcp", NULL};
@@ -455,6 +471,8 @@ Test(topo, chunk_defaults_by_transport) {
   cr_assert_eq(r.failed, 0, "sock");
   r = mp_run(2, chunk_rank, "131072 131072", 120, sock_set);
   cr_assert_eq(r.failed, 0, "sock, chunk set");
+  r = mp_run(2, chunk_rank_one_core, "524288 4194304", 120, shm);
+  cr_assert_eq(r.failed, 0, "shm, two ranks on one core");
 }
 
 static int bad_topo_rank(int rank, int size, const char *addr, void *arg) {
