@@ -290,15 +290,15 @@ static void request_exec_done(exec_t *ex, int status, void *arg) {
   const char *why = exec_why(ex);
 
   bool uncertain = status == CHORUS_ERR_MISMATCH && exec_uncertain(ex);
-  chorus_result verdict = (chorus_result)atomic_load(&c->async_rc);
-  if ((status == CHORUS_ERR_TRANSPORT || uncertain) && c->watch && verdict) {
-    /* the communicator failed already: its verdict explains this too (a
-     * survivor of a lost rank that leaves closes its connections to ranks
-     * still in the call: over sock their receives fail at once) */
-    request_complete(req, verdict);
-    return;
-  }
   if ((status == CHORUS_ERR_TRANSPORT || uncertain) && c->watch) {
+    chorus_result verdict = (chorus_result)atomic_load(&c->async_rc);
+    if (verdict) {
+      /* the communicator failed already: its verdict explains this too (a
+       * survivor of a lost rank that leaves closes its connections to
+       * ranks still in the call: over sock their receives fail at once) */
+      request_complete(req, verdict);
+      return;
+    }
     /* a peer's endpoint went away, or sent a message too long for a call we
      * can not name: the watchdog knows who and why, shortly */
     if (!c->parked)
