@@ -20,11 +20,17 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define FSM_JOURNAL_DEFAULT_CAP 65536
 #define FSM_JOURNAL_MAX_CAP (1u << 26)
 #define FSM_MACHINES_MAX 0xfffe
+#define FSM_JOURNAL_HUGE ((size_t)2 << 20)          /* a transparent huge page */
+#define FSM_JOURNAL_PREFAULT_MAX ((size_t)64 << 20) /* touched at allocation */
 
 #define JSEQ_DONE(n) (((uint64_t)(n) + 1) << 1)
 #define JSEQ_BUSY(n) (JSEQ_DONE(n) | 1)
@@ -36,8 +42,12 @@ struct fsm_jslot {
 
 struct fsm_journal {
   uint64_t mask; /* capacity - 1 */
+  void *map;     /* the mapping holding this (see fsm_jalloc) */
+  size_t map_len;
+  uint8_t pad[40]; /* slots start on a cache line: none straddles two */
   struct fsm_jslot slot[];
 };
+_Static_assert(offsetof(struct fsm_journal, slot) % 64 == 0, "slots on cache lines");
 
 static _Atomic(struct fsm_journal *) fsm_jring; /* allocated on first append */
 static _Alignas(64) _Atomic uint64_t fsm_jhead; /* next sequence number == total appended */
@@ -62,12 +72,48 @@ static size_t fsm_jround(size_t capacity) {
   return cap;
 }
 
+/*
+ * The ring is mapped and every page of it touched here, once. Left to fault
+ * in as records arrive, its first lap took a page fault every 128 records on
+ * the calls' own path: 10 us each on a virtual machine with page-table
+ * isolation (measured), 2 us a call for a 2-rank 32 KiB allreduce until the
+ * default ring wrapped, some 4700 calls in. A ring of 2 MiB or more is
+ * aligned and asked for transparent huge pages: one fault per 2 MiB where
+ * the kernel grants them. Past FSM_JOURNAL_PREFAULT_MAX the rest faults in
+ * as it is used.
+ */
 static struct fsm_journal *fsm_jalloc(size_t cap) {
-  struct fsm_journal *j = calloc(1, sizeof(*j) + cap * sizeof(j->slot[0]));
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  size_t bytes = sizeof(struct fsm_journal) + cap * sizeof(struct fsm_jslot);
+  size_t len = (bytes + page - 1) & ~(page - 1);
+  size_t extra = len >= FSM_JOURNAL_HUGE ? FSM_JOURNAL_HUGE : 0;
+  uint8_t *map =
+      mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  uint8_t *base;
+  struct fsm_journal *j;
 
-  if (j)
-    j->mask = cap - 1;
+  if (map == MAP_FAILED)
+    return NULL;
+  base = map;
+  if (extra) {
+    base =
+        (uint8_t *)(((uintptr_t)map + FSM_JOURNAL_HUGE - 1) & ~(uintptr_t)(FSM_JOURNAL_HUGE - 1));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(base, len & ~(FSM_JOURNAL_HUGE - 1), MADV_HUGEPAGE); /* advice only */
+#endif
+  }
+  for (size_t off = 0; off < len && off < FSM_JOURNAL_PREFAULT_MAX; off += page)
+    ((volatile uint8_t *)base)[off] = 0;
+  j = (struct fsm_journal *)base;
+  j->mask = cap - 1;
+  j->map = map;
+  j->map_len = len + extra;
   return j;
+}
+
+static void fsm_jfree(struct fsm_journal *j) {
+  if (j)
+    munmap(j->map, j->map_len);
 }
 
 static struct fsm_journal *fsm_jget(void) {
@@ -96,7 +142,7 @@ void fsm_journal_configure(size_t capacity) {
   fsm_jcap = cap;
   old = atomic_exchange_explicit(&fsm_jring, j, memory_order_acq_rel);
   pthread_mutex_unlock(&fsm_jlock);
-  free(old);
+  fsm_jfree(old);
 }
 
 void fsm_journal_enable(bool on) {
