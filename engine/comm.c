@@ -416,9 +416,18 @@ static size_t progress_once(chorus_comm_t *c) {
   return n;
 }
 
+bool idle_clock_over(idle_clock_t *ic, uint64_t now, uint64_t limit) {
+  if (!ic->first)
+    ic->first = now;
+  else if (now - ic->last < IDLE_CLOCK_GAP_NS)
+    ic->spent += now - ic->last;
+  ic->last = now;
+  return ic->spent > limit || now - ic->first > IDLE_CLOCK_WALL * limit;
+}
+
 static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns,
                               unsigned max_rounds) {
-  uint64_t idle_since = 0;
+  idle_clock_t idle = {0};
   unsigned spins = 0, rounds = 0;
 
   while (!atomic_load_explicit(flag, memory_order_acquire)) {
@@ -435,14 +444,11 @@ static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
         if (max_rounds && ++rounds >= max_rounds)
           break;
         if (n) {
-          idle_since = 0;
+          idle = (idle_clock_t){0};
           continue;
         }
         if ((++spins & 15) == 0) {
-          uint64_t now = fsm_now_ns();
-          if (!idle_since)
-            idle_since = now;
-          else if (now - idle_since > idle_ns)
+          if (idle_clock_over(&idle, fsm_now_ns(), idle_ns))
             break;
           sched_yield();
         }
@@ -472,10 +478,7 @@ static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
     if (max_rounds)
       return;
     if ((++spins & 63) == 0) {
-      uint64_t now = fsm_now_ns();
-      if (!idle_since)
-        idle_since = now;
-      else if (now - idle_since > idle_ns)
+      if (idle_clock_over(&idle, fsm_now_ns(), idle_ns))
         return;
       sched_yield();
     }

@@ -236,6 +236,27 @@ chorus_result eng_comm_set_algo(chorus_comm_t *c, const char *spec);
  * that thread woken). */
 void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds);
 
+/*
+ * How long a polling loop (comm_drive) has waited, counted while it runs: a
+ * gap of more than IDLE_CLOCK_GAP_NS between two looks at the clock is time
+ * the thread spent off its core (ranks outnumber the cores, or the kernel
+ * put two on one), not waiting. By the wall clock alone, a rank sharing a
+ * core with its peer reached the limit within one time slice and slept; its
+ * wakeups then came on the waker's core and the pair stayed there, sleeping
+ * and waking, for seconds (2-rank 32 KiB allgather over shm: 20-40 us a call
+ * instead of 6, a thousand voluntary context switches per 2000 calls, none
+ * when fast). The wall clock still bounds it: IDLE_CLOCK_WALL times the
+ * limit, so a waiter that keeps losing its core to other work sleeps too.
+ */
+#define IDLE_CLOCK_GAP_NS 200000
+#define IDLE_CLOCK_WALL 16
+typedef struct {
+  uint64_t first, last, spent;
+} idle_clock_t;
+/* Records a look at the clock (now, ns); true once the loop has waited more
+ * than limit ns by the above. Start from (idle_clock_t){0}. */
+bool idle_clock_over(idle_clock_t *ic, uint64_t now, uint64_t limit);
+
 /* Requests (request.c). */
 void request_complete(chorus_request_t *req, chorus_result rc);
 /* Same, with the failure's explanation (NULL: the communicator's own

@@ -327,3 +327,31 @@ Test(coll_api, too_many_messages) {
   free(r);
   job_down();
 }
+
+/* A waiting rank's idle time counts only while it polls: a gap of more than
+ * IDLE_CLOCK_GAP_NS between looks (the thread was off its core) adds
+ * nothing, so a rank sharing a core with its peer does not give up and sleep
+ * within one time slice; the wall clock still bounds the wait. */
+Test(coll_api, idle_clock_counts_the_time_on_the_core) {
+  const uint64_t ms = 1000000, limit = ms, t0 = 5 * ms;
+  idle_clock_t ic = {0};
+  uint64_t t = t0;
+
+  cr_assert(!idle_clock_over(&ic, t, limit), "the first look starts the clock");
+  for (int i = 0; i < 9; i++)
+    cr_assert(!idle_clock_over(&ic, t += 100000, limit), "0.%d ms polled", i + 1);
+  /* descheduled for 3 ms: not counted */
+  cr_assert(!idle_clock_over(&ic, t += 3 * ms, limit), "a 3 ms gap is time off the core");
+  cr_assert_eq(ic.spent, 900000);
+  cr_assert(!idle_clock_over(&ic, t += 100000, limit), "1.0 ms polled: not over yet");
+  cr_assert(idle_clock_over(&ic, t += 100000, limit), "1.1 ms polled: over");
+
+  /* always off the core between looks: the wall clock ends the wait */
+  ic = (idle_clock_t){0};
+  t = t0;
+  cr_assert(!idle_clock_over(&ic, t, limit));
+  for (int i = 1; i <= 5; i++)
+    cr_assert(!idle_clock_over(&ic, t += 3 * ms, limit), "%d ms of wall clock", 3 * i);
+  cr_assert_eq(ic.spent, 0);
+  cr_assert(idle_clock_over(&ic, t += 3 * ms, limit), "18 ms > IDLE_CLOCK_WALL * 1 ms");
+}
