@@ -102,6 +102,15 @@ int plan_build_end(plan_builder_t *b, plan_t **out) {
   }
   free(b->edges);
   b->edges = NULL;
+  /* Scratch is what the steps reach. Algorithms declare room for their
+   * slots; a plan with fewer receives than slots touches only some (a
+   * 2-rank 2 MiB ring allreduce in 1 MiB chunks: one of eight 1 MiB slots),
+   * and scratch past CHORUS_BUFFSIZE is allocated, and faulted in, anew by
+   * every call. Never grown: a step past the declared room stays an error
+   * for the plan's checks. */
+  size_t used = plan_extent(p, BUF_SCRATCH);
+  if (used < p->scratch_bytes)
+    p->scratch_bytes = used;
   *out = p;
   b->plan = NULL;
   return 0;

@@ -434,6 +434,37 @@ Test(algos_a, scratch_is_bounded) {
     }
 }
 
+/* Scratch is no larger than the steps reach: a plan with fewer receives
+ * into scratch than its algorithm has slots keeps only those (a 2-rank
+ * 2 MiB ring allreduce in 1 MiB chunks declared eight 1 MiB slots for its
+ * one receive: past CHORUS_BUFFSIZE, so every call allocated, and faulted
+ * in, 8 MiB of its own). */
+Test(algos_a, scratch_is_what_the_steps_reach) {
+  int host_of[8];
+  for (int n = 2; n <= 8; n += 6) {
+    topo_t t = rr_topo(n, 2, host_of);
+    for (size_t i = 0; i < NALGOS; i++)
+      for (int r = 0; r < n; r++) {
+        algo_args_t a = {.coll = algos[i].coll,
+                         .rank = r,
+                         .nranks = n,
+                         .root = 1,
+                         .count = 1 << 19,
+                         .dtype = CHORUS_FLOAT32,
+                         .op = CHORUS_SUM,
+                         .chunk_bytes = 1 << 20,
+                         .topo = &t};
+        plan_t *p;
+        cr_assert_eq(algos[i].fn(&a, &p), 0);
+        cr_assert_eq(p->scratch_bytes, plan_extent(p, BUF_SCRATCH),
+                     "%s/%s at %d ranks: %zu bytes of scratch, steps reach %zu",
+                     coll_kind_str(algos[i].coll), algos[i].name, n, p->scratch_bytes,
+                     plan_extent(p, BUF_SCRATCH));
+        plan_free(p);
+      }
+  }
+}
+
 /* More messages than 24 bits can number: refused, nothing leaked. */
 Test(algos_a, too_many_messages_is_e2big) {
   for (size_t i = 0; i < NALGOS; i++) {
