@@ -776,13 +776,21 @@ bool comm_all_sock(const chorus_comm_t *c) {
   return strcmp(choose_provider(c), "sock") == 0;
 }
 
-/* Bouncing costs a second copy to save CMA's page pinning: a gain while a
- * core is free to make it, not when ranks outnumber the cores; then only
- * messages up to a quarter of CHORUS_SHM_BOUNCE, where pinning dominates. */
+/* Bouncing costs a second copy, and a rewrite of memory the receiver has
+ * just read, to save CMA's page pinning: a gain for small messages, where
+ * pinning dominates. The default stops at 64 KiB: on this development
+ * machine 256 KiB slots won the 2-rank 2 MiB collectives only while the two
+ * cores shared data cheaply, and lost them by two or three times the rest
+ * of the time (a probe of 70 rounds over 77 minutes, medians, in the 59
+ * slow rounds: bcast 420 us bounced against 148 with 64 KiB, allgather 286
+ * against 126, allreduce 517 against 428; in the 11 fast ones 107 against
+ * 138, 80 against 104, 134 against 208). When ranks outnumber the cores,
+ * where two copies cost more than one, it never passes 64 KiB. */
+#define SHM_BOUNCE_SHARED (64u << 10)
 static size_t shm_bounce(const chorus_comm_t *c) {
   size_t b = c->set.shm_bounce;
-  if (b && coll_ranks_per_core(c) > 1)
-    b /= 4;
+  if (b > SHM_BOUNCE_SHARED && coll_ranks_per_core(c) > 1)
+    b = SHM_BOUNCE_SHARED;
   return b ? b : PROV_BOUNCE_NONE;
 }
 

@@ -75,10 +75,10 @@ static const struct setting settings_table[] = {
     {"CHORUS_CHUNK_BYTES", SET_SIZE, "256K",
      "pipeline chunk size in bytes; K, M and G suffixes accepted (powers of 1024)",
      FIELD(chunk_bytes), 1, 1099511627776.0 /* 1 TiB */},
-    {"CHORUS_SHM_BOUNCE", SET_SIZE, "256K",
+    {"CHORUS_SHM_BOUNCE", SET_SIZE, "64K",
      "shm: largest message from ordinary memory that is copied into a mappable bounce slot and "
-     "read out by the receiver instead of a CMA copy (a quarter of it when ranks outnumber "
-     "cores); 0 = CMA only",
+     "read out by the receiver instead of a CMA copy (at most 64K when ranks outnumber cores); "
+     "0 = CMA only",
      FIELD(shm_bounce), 0, 262144},
     {"CHORUS_MAX_POSTED", SET_COUNT, "256", "sends and receives in flight per rank",
      FIELD(max_posted), 1, 1048576},

@@ -130,7 +130,7 @@ typedef struct prov_config {
   const int *host_of;
   /* shm: largest message from ordinary memory sent through a mappable
    * bounce slot (at most 256 KiB; the engine lowers it when ranks
-   * outnumber cores). 0: the default, 256 KiB; PROV_BOUNCE_NONE: never. */
+   * outnumber cores). 0: the default, 64 KiB; PROV_BOUNCE_NONE: never. */
   size_t shm_bounce;
   /* sock: the network interface to listen on ("eth0", "lo"); NULL or "":
    * FI_TCP_IFACE when set, else the first IPv4 interface that is up and not

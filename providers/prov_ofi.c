@@ -114,9 +114,13 @@
 #define OFI_RNDV_MARK ((1ULL << 63) | OFI_RNDV_DATA)
 #define OFI_TAG_ACK (1ULL << 63) /* reserved tag bit: rendezvous acks */
 #define OFI_MAPS 32              /* peers' chorus_mem_alloc regions kept mapped (LRU) */
-/* Bounce slots: a rendezvous send of up to OFI_BOUNCE_SLOT bytes from memory
- * peers can not map is first copied into one of these, in a region they can. */
-#define OFI_BOUNCE_SLOT (256 * 1024)
+/* Bounce slots: a rendezvous send of up to bounce_max bytes (prov_config_t.
+ * shm_bounce, at most OFI_BOUNCE_MAX) from memory peers can not map is first
+ * copied into one of these, in a region they can. A slot holds bounce_max
+ * bytes: each peer maps and faults in the whole region at its first bounced
+ * message from us (1024 pages for the 256 KiB slots of old, 2-10 ms). */
+#define OFI_BOUNCE_DEFAULT (64 * 1024)
+#define OFI_BOUNCE_MAX (256 * 1024)
 #define OFI_BOUNCE_SLOTS 16
 #define OFI_DB_NAME_MAX 100
 #define OFI_NAP_MIN_US 50
@@ -211,7 +215,8 @@ struct ofi_ep {
    * still be reading it). */
   unsigned char *bounce;
   uint32_t bounce_free;
-  size_t bounce_max; /* largest message bounced (prov_config_t.shm_bounce) */
+  size_t bounce_max;  /* largest message bounced (prov_config_t.shm_bounce) */
+  size_t bounce_slot; /* bytes a slot: bounce_max in whole pages */
   int rank, nranks;
   char prov_name[64];
   char errmsg[256];
@@ -809,11 +814,12 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
     o->rndv = !db_cma_disabled() && o->cq_data;
     o->bounce_max = cfg->shm_bounce == PROV_BOUNCE_NONE ? 0
                     : cfg->shm_bounce                   ? cfg->shm_bounce
-                                                        : OFI_BOUNCE_SLOT;
-    if (o->bounce_max > OFI_BOUNCE_SLOT)
-      o->bounce_max = OFI_BOUNCE_SLOT;
+                                                        : OFI_BOUNCE_DEFAULT;
+    if (o->bounce_max > OFI_BOUNCE_MAX)
+      o->bounce_max = OFI_BOUNCE_MAX;
+    o->bounce_slot = (o->bounce_max + 4095) & ~(size_t)4095;
     if (o->rndv && o->bounce_max &&
-        memreg_alloc((void **)&o->bounce, OFI_BOUNCE_SLOT * OFI_BOUNCE_SLOTS) == 0)
+        memreg_alloc((void **)&o->bounce, o->bounce_slot * OFI_BOUNCE_SLOTS) == 0)
       o->bounce_free = OFI_BOUNCE_SLOTS == 32 ? ~0u : (1u << OFI_BOUNCE_SLOTS) - 1;
     if (o->rndv)
       o->max_posted = o->max_posted / 2 ? o->max_posted / 2 : 1;
@@ -1112,7 +1118,7 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
     int k = __builtin_ctz(o->bounce_free);
     o->bounce_free &= ~(1u << k);
     s->bounce = k + 1;
-    unsigned char *copy = o->bounce + (size_t)k * OFI_BOUNCE_SLOT;
+    unsigned char *copy = o->bounce + (size_t)k * o->bounce_slot;
     memcopy(copy, buf, len);
     buf = copy;
     s->desc.addr = (uint64_t)(uintptr_t)copy;

@@ -144,6 +144,67 @@ static void run(int n, int mask) {
   cr_assert_eq(r.failed, 0, "%d ranks, mask %#x: %d rank(s) failed", n, mask, r.failed);
 }
 
+/* Plain memory over shm: messages up to CHORUS_SHM_BOUNCE (64 KiB by
+ * default) go through the sender's bounce slots, larger ones by one CMA
+ * copy from the sender's buffer (comm.c: shm_bounce). arg: the bounce
+ * setting as text, or NULL for the default. */
+static int bounce_rank(int rank, int size, const char *addr, void *arg) {
+  (void)size;
+  (void)arg;
+  static const size_t sizes[] = {32 << 10, 64 << 10, 128 << 10};
+  chorus_comm_t *c;
+  int bad = 0;
+  unsigned char *buf = malloc(128 << 10);
+  if (!buf || chorus_comm_init(&c, rank, size, addr)) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
+    free(buf);
+    return 1;
+  }
+  uint64_t last_bounce = 0, last_cma = 0;
+  for (size_t k = 0; k < 3 && !bad; k++) {
+    memset(buf, rank ? 0 : (int)(k + 1), sizes[k]);
+    chorus_result rc = rank ? chorus_recv(c, buf, sizes[k], CHORUS_UINT8, 0)
+                            : chorus_send(c, buf, sizes[k], CHORUS_UINT8, 1);
+    if (rc) {
+      fprintf(stderr, "rank %d: %zu B: %s\n", rank, sizes[k], chorus_comm_last_error(c));
+      bad = 1;
+      break;
+    }
+    if (rank == 0)
+      continue;
+    for (size_t i = 0; i < sizes[k]; i++)
+      if (buf[i] != (unsigned char)(k + 1)) {
+        fprintf(stderr, "rank 1: %zu B: byte %zu is %u\n", sizes[k], i, buf[i]);
+        bad = 1;
+        break;
+      }
+    prov_ofi_rndv_stats_t st;
+    if (bad || prov_ofi_rndv_stats(c->prov, &st)) {
+      bad = 1;
+      break;
+    }
+    bool bounced = st.bounce_bytes - last_bounce == sizes[k] && st.cma_bytes == last_cma;
+    bool cma = st.cma_bytes - last_cma == sizes[k] && st.bounce_bytes == last_bounce;
+    if (sizes[k] <= (64 << 10) ? !bounced : !cma) {
+      fprintf(stderr, "rank 1: %zu B: bounce %llu -> %llu, cma %llu -> %llu\n", sizes[k],
+              (unsigned long long)last_bounce, (unsigned long long)st.bounce_bytes,
+              (unsigned long long)last_cma, (unsigned long long)st.cma_bytes);
+      bad = 1;
+    }
+    last_bounce = st.bounce_bytes;
+    last_cma = st.cma_bytes;
+  }
+  free(buf);
+  return chorus_comm_destroy(c) != CHORUS_SUCCESS || bad;
+}
+
+Test(mem, plain_memory_bounces_up_to_64_kib) {
+  const char *envs[] = {"CHORUS_PROVIDER=shm", "CHORUS_SHM_BOUNCE=", NULL};
+  mp_result_t r = mp_run(2, bounce_rank, NULL, 120, envs);
+  cr_assert_eq(r.timed_out, 0);
+  cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
+}
+
 Test(mem, allreduce_all_registered_2) {
   run(2, 0x3);
 }
