@@ -1153,16 +1153,11 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
   return cores <= 0 || here <= cores ? 1 : (int)((here + cores - 1) / cores);
 }
 
-/* Ranks outnumbering the cores take turns: a message then waits, on
- * average, for its receiver to be scheduled, which no link parameter
- * measures. Every message's alpha grows by SEL_TURN_S per rank sharing a
- * core, so algorithms with fewer rounds (tree, recursive doubling) win
- * over long pipelines (ring, chain) until the bandwidth term dominates.
- * The default chunk grows by the same factor: a pipeline can not overlap
- * more stages than there are cores, while every chunk costs a turn (64 MiB
- * allgather at 8 ranks on 2 cores: 200 ms with 256 KiB chunks, 93 ms with
- * 4 MiB). A chunk size the user set is kept. */
-#define SEL_TURN_S 25e-6
+/* Ranks outnumbering the cores take turns (select_share_cores: the model's
+ * side). The default chunk grows by the ranks a core: a pipeline can not
+ * overlap more stages than there are cores, while every chunk costs a turn
+ * (64 MiB allgather at 8 ranks on 2 cores: 200 ms with 256 KiB chunks, 93
+ * ms with 4 MiB). A chunk size the user set is kept. */
 #define SEL_DEFAULT_CHUNK (256 * 1024) /* CHORUS_CHUNK_BYTES's default (settings.c) */
 /* Over a network provider, every chunk is a message of its own, and past
  * rxm's eager size a rendezvous with its round trips (~50 us on loopback
@@ -1193,10 +1188,7 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
    * exchange) then beats the ring (two of 16 KiB), 41 us against 60 */
   if (net)
     s->intra = s->inter;
-  if (per_core > 1) {
-    s->intra.alpha += SEL_TURN_S * per_core;
-    s->inter.alpha += SEL_TURN_S * per_core;
-  }
+  select_share_cores(s, per_core);
   c->chunk_bytes = dflt ? SEL_DEFAULT_CHUNK * (size_t)per_core : c->set.chunk_bytes;
   if (dflt && c->chunk_bytes < SEL_SOCK_CHUNK && comm_all_sock(c))
     c->chunk_bytes = SEL_SOCK_CHUNK;

@@ -43,8 +43,16 @@
  *
  * Defaults are this development machine's measured order of magnitude
  * (shm: ~2 us a message, ~5 GB/s; tcp between hosts: ~20 us, ~1.2 GB/s;
- * the reduction kernels ~4 GB/s), not a promise about any cluster: callers
- * may overwrite the fields of select_ctx_t after select_init.
+ * reductions 10 GB/s), not a promise about any cluster: callers may
+ * overwrite the fields of select_ctx_t after select_init. The float32 sum
+ * kernel itself runs at 80-94 GB/s in cache and 17-24 GB/s from memory
+ * here; 10 GB/s, which counts the loads and stores of the run around it,
+ * puts the 2-rank allreduce's switch from recursive doubling (one message,
+ * the whole vector reduced) to the ring (two messages, half of it) between
+ * 32 and 64 KiB, where it is measured (shm, 3 interleaved rounds, rd / ring:
+ * 16 KiB 12.6-12.9 / 15.3-16.0 us, 32 KiB 12.8-13.1 / 14.8-15.3, 64 KiB
+ * 22.8-23.8 / 23.0-25.9, 128 KiB 43.8-47.8 / 41.3-44.4). At 4 GB/s, the
+ * figure before, the ring took everything from 16 KiB.
  *
  * CHORUS_ALGO grammar: rules separated by ';', each "collective=spec,spec"
  * with spec "algorithm[:min-max]", sizes in bytes with K, M, G suffixes
@@ -67,7 +75,7 @@
 #define SEL_INTRA_BETA (1.0 / 5e9)
 #define SEL_INTER_ALPHA 20e-6
 #define SEL_INTER_BETA (1.0 / 1.2e9)
-#define SEL_GAMMA (1.0 / 4e9)
+#define SEL_GAMMA (1.0 / 10e9)
 
 static int sfail(char *err, size_t errlen, const char *fmt, ...) {
   if (err && errlen) {
@@ -239,6 +247,28 @@ void select_fini(select_ctx_t *s) {
   free(s->rules);
   s->rules = NULL;
   s->nrules = 0;
+}
+
+/* Ranks outnumbering the cores take turns: a message then waits, on
+ * average, for its receiver to be scheduled, which no link parameter
+ * measures. Every message's alpha grows by SEL_TURN_S per rank sharing a
+ * core, so algorithms with fewer rounds (tree, recursive doubling) win over
+ * long pipelines (ring, chain) until the bandwidth term dominates. The
+ * bytes cost more too: the ranks of a core share its copies and its
+ * reductions, so beta and gamma grow by the same factor. Without that the
+ * model kept recursive doubling (log2 n whole vectors a rank) past the size
+ * where halving-doubling (two) wins: 8 ranks on 2 cores, 256 KiB allreduce,
+ * 3 interleaved rounds: rd 1238-1582 us, rhd 662-743. */
+#define SEL_TURN_S 25e-6
+
+void select_share_cores(select_ctx_t *s, int per_core) {
+  if (per_core <= 1)
+    return;
+  s->intra.alpha += SEL_TURN_S * per_core;
+  s->inter.alpha += SEL_TURN_S * per_core;
+  s->intra.beta *= per_core;
+  s->inter.beta *= per_core;
+  s->gamma *= per_core;
 }
 
 /* ---- the model ---- */

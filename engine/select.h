@@ -53,6 +53,10 @@ int select_init(select_ctx_t *s, const char *overrides, bool deterministic, char
                 size_t errlen);
 void select_fini(select_ctx_t *s);
 
+/* Fits the model to ranks that outnumber the cores, per_core of them a
+ * core (1: nothing changes). */
+void select_share_cores(select_ctx_t *s, int per_core);
+
 /* The predicted time in seconds of `d` for `a` (a->topo may be NULL). */
 double select_cost(const select_ctx_t *s, const algo_desc_t *d, const algo_args_t *a);
 

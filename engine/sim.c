@@ -1547,7 +1547,7 @@ void sim_model_default(sim_model_t *m) {
   /* keep in step with select.c's defaults */
   *m = (sim_model_t){.alpha = {2e-6, 20e-6},
                      .beta = {1.0 / 5e9, 1.0 / 1.2e9},
-                     .gamma = 1.0 / 4e9,
+                     .gamma = 1.0 / 10e9,
                      .copy_beta = 1.0 / 10e9};
 }
 

@@ -165,6 +165,49 @@ Test(select, model_small_and_large) {
   select_fini(&s);
 }
 
+/* Two ranks: one exchange of the whole vector (rd) up to 32 KiB, the ring's
+ * two half-size ones above (measured over shm, select.c). */
+Test(select, two_rank_allreduce_switches_between_32_and_64_kib) {
+  select_ctx_t s;
+  char err[256], why[256];
+  cr_assert_eq(select_init(&s, NULL, false, err, sizeof(err)), 0);
+  static const struct {
+    size_t bytes;
+    const char *want;
+  } cases[] = {{16 << 10, "rd"}, {32 << 10, "rd"}, {64 << 10, "ring"}, {2 << 20, "ring"}};
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    algo_args_t a = shape(COLL_ALLREDUCE, 2, cases[i].bytes, NULL);
+    const algo_desc_t *d = select_algo(&s, &a, why, sizeof(why));
+    cr_assert_str_eq(d->name, cases[i].want, "%zu B: %s", cases[i].bytes, why);
+  }
+  select_fini(&s);
+}
+
+/* Ranks sharing cores: every message costs a turn, and the bytes share the
+ * core's copies, so at 8 ranks on 2 cores recursive doubling (fewest
+ * messages) is kept for small vectors and halving-doubling takes over by
+ * 256 KiB (measured: rd 1238-1582 us, rhd 662-743); with the turns alone
+ * the model kept rd there. */
+Test(select, shared_cores_move_the_allreduce_switch) {
+  select_ctx_t s;
+  char err[256], why[256];
+  cr_assert_eq(select_init(&s, NULL, false, err, sizeof(err)), 0);
+  algo_args_t a = shape(COLL_ALLREDUCE, 8, 256 << 10, NULL);
+  select_link_t intra = s.intra;
+  double gamma = s.gamma;
+  select_share_cores(&s, 1);
+  cr_assert_eq(s.intra.alpha, intra.alpha);
+  cr_assert_eq(s.gamma, gamma);
+  select_share_cores(&s, 4);
+  cr_assert_float_eq(s.intra.beta, 4 * intra.beta, intra.beta * 1e-9);
+  cr_assert_float_eq(s.gamma, 4 * gamma, gamma * 1e-9);
+  cr_assert_gt(s.intra.alpha, intra.alpha);
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "rhd", "%s", why);
+  a = shape(COLL_ALLREDUCE, 8, 32 << 10, NULL);
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "rd", "%s", why);
+  select_fini(&s);
+}
+
 Test(select, hierarchical_for_many_hosts) {
   select_ctx_t s;
   char err[256], why[256];
