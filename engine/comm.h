@@ -153,9 +153,10 @@ struct chorus_comm {
   } sel_memo[16];
   unsigned sel_memo_next;
   bool sel_ready;
-  size_t chunk_bytes;       /* pipeline chunk of this communicator's plans (coll.c) */
-  size_t bcast_chunk_bytes; /* that of broadcasts (coll.c) */
-  char last_algo[32];       /* chorus_comm_last_algorithm */
+  size_t chunk_bytes;           /* pipeline chunk of this communicator's plans (coll.c) */
+  size_t bcast_chunk_bytes;     /* that of broadcasts (coll.c) */
+  size_t allgather_chunk_bytes; /* that of allgathers (coll.c) */
+  char last_algo[32];           /* chorus_comm_last_algorithm */
   const algo_desc_t *last_algo_d;
   uint16_t *p2p_seq; /* [2*size]: next send to peer p at 2p, next receive from p at 2p+1 */
 };

@@ -422,21 +422,23 @@ Test(topo, provider_choice) {
   cr_assert_eq(r.failed, 0, "one host");
 }
 
-/* arg: "CHUNK BCAST_CHUNK" the communicator should pick */
+/* arg: "CHUNK BCAST_CHUNK ALLGATHER_CHUNK" the communicator should pick */
 static int chunk_rank(int rank, int size, const char *addr, void *arg) {
   chorus_comm_t *c;
-  size_t want, want_bcast;
+  size_t want, want_bcast, want_ag;
 
-  if (sscanf((const char *)arg, "%zu %zu", &want, &want_bcast) != 2)
+  if (sscanf((const char *)arg, "%zu %zu %zu", &want, &want_bcast, &want_ag) != 3)
     return 1;
   if (chorus_comm_init(&c, rank, size, addr)) {
     fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
     return 1;
   }
-  int bad = c->chunk_bytes != want || c->bcast_chunk_bytes != want_bcast;
+  int bad = c->chunk_bytes != want || c->bcast_chunk_bytes != want_bcast ||
+            c->allgather_chunk_bytes != want_ag;
   if (bad)
-    fprintf(stderr, "rank %d over %s: chunks %zu, bcast %zu; want %zu, %zu\n", rank,
-            chorus_comm_provider(c), c->chunk_bytes, c->bcast_chunk_bytes, want, want_bcast);
+    fprintf(stderr, "rank %d over %s: chunks %zu, bcast %zu, allgather %zu; want %zu, %zu, %zu\n",
+            rank, chorus_comm_provider(c), c->chunk_bytes, c->bcast_chunk_bytes,
+            c->allgather_chunk_bytes, want, want_bcast, want_ag);
   bad |= allreduce_case(c, rank, size, 300000, CHORUS_INT32, CHORUS_SUM, 0);
   bad |= chorus_comm_destroy(c) != CHORUS_SUCCESS;
   return bad;
@@ -457,21 +459,25 @@ static int chunk_rank_one_core(int rank, int size, const char *addr, void *arg) 
 /* Default chunks by transport: 256 KiB over shm, broadcasts in 4 MiB over
  * a network, and 512 KiB for the rest over sock (a rendezvous a chunk);
  * a CHORUS_CHUNK_BYTES the user set is kept for everything. Ranks that
- * share a core take chunks larger by ranks per core, and broadcasts 4 MiB. */
+ * share a core take chunks larger by ranks per core, and broadcasts 4 MiB.
+ * Two ranks over shm broadcast and allgather in 4 MiB (nothing forwarded). */
 Test(topo, chunk_defaults_by_transport) {
   const char *shm[] = {"CHORUS_PROVIDER=shm", NULL};
+  const char *shm_set[] = {"CHORUS_PROVIDER=shm", "CHORUS_CHUNK_BYTES=128K", NULL};
   const char *tcp[] = {"CHORUS_PROVIDER=tcp", NULL};
   const char *sock[] = {"CHORUS_PROVIDER=sock", NULL};
   const char *sock_set[] = {"CHORUS_PROVIDER=sock", "CHORUS_CHUNK_BYTES=128K", NULL};
-  mp_result_t r = mp_run(2, chunk_rank, "262144 262144", 120, shm);
+  mp_result_t r = mp_run(2, chunk_rank, "262144 4194304 4194304", 120, shm);
   cr_assert_eq(r.failed, 0, "shm");
-  r = mp_run(2, chunk_rank, "262144 4194304", 120, tcp);
+  r = mp_run(2, chunk_rank, "131072 131072 131072", 120, shm_set);
+  cr_assert_eq(r.failed, 0, "shm, chunk set");
+  r = mp_run(2, chunk_rank, "262144 4194304 262144", 120, tcp);
   cr_assert_eq(r.failed, 0, "tcp");
-  r = mp_run(2, chunk_rank, "524288 4194304", 120, sock);
+  r = mp_run(2, chunk_rank, "524288 4194304 524288", 120, sock);
   cr_assert_eq(r.failed, 0, "sock");
-  r = mp_run(2, chunk_rank, "131072 131072", 120, sock_set);
+  r = mp_run(2, chunk_rank, "131072 131072 131072", 120, sock_set);
   cr_assert_eq(r.failed, 0, "sock, chunk set");
-  r = mp_run(2, chunk_rank_one_core, "524288 4194304", 120, shm);
+  r = mp_run(2, chunk_rank_one_core, "524288 4194304 4194304", 120, shm);
   cr_assert_eq(r.failed, 0, "shm, two ranks on one core");
 }
 
