@@ -1188,8 +1188,10 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   /* ranks of one host that talk over tcp (say) pay its costs, not shm's:
    * at 2 ranks, a 32 KiB allreduce by recursive doubling (one 32 KiB
    * exchange) then beats the ring (two of 16 KiB), 41 us against 60 */
-  if (net)
+  if (net) {
     s->intra = s->inter;
+    s->peer_cache = 0;
+  }
   select_share_cores(s, per_core);
   c->chunk_bytes = dflt ? SEL_DEFAULT_CHUNK * (size_t)per_core : c->set.chunk_bytes;
   if (dflt && c->chunk_bytes < SEL_SOCK_CHUNK && comm_all_sock(c))

@@ -11,7 +11,9 @@
  *   ALLGATHER, GATHER, SCATTER             N = n * count * elem (all blocks)
  *   REDUCE_SCATTER, ALLTOALL               N = n * count * elem (the input)
  *
- *   allreduce ring    2(n-1) a + 2(n-1)/n N b + (n-1)/n N g
+ *   allreduce ring    2(n-1) a + 2(n-1)/n N b + (n-1)/n N g, at 2 ranks
+ *                     of one host + min(N/2, peer_cache) b (SEL_PEER_CACHE;
+ *                     rhd too)
  *             rd      sum over log2 n rounds (a + N b + N g)
  *             rhd     halving: rounds of N/2, N/4 .. (a + x b + x g), then
  *                     doubling back (a + x b): 2 log2 n a + 2(n-1)/n N b + ...
@@ -76,6 +78,16 @@
 #define SEL_INTER_ALPHA 20e-6
 #define SEL_INTER_BETA (1.0 / 1.2e9)
 #define SEL_GAMMA (1.0 / 10e9)
+/* Two ranks on one host: the ring allreduce's second half reads what the
+ * peer reduced a moment before, from the peer's cache, which costs here
+ * about one more pass over those bytes (a 2-rank 2 MiB ring in 1 MiB chunks:
+ * 327-380 us, where recursive doubling, reading only the peer's input,
+ * took 199-236); no more than the caches hold is read that way. Shm, 3
+ * interleaved rounds, ring / rd / Open MPI: 128 KiB 44-52 / 18-20 / 26-27
+ * us, 512 KiB 100-138 / 66-75 / 78-83, 2 MiB 370-388 / 253-258 (one 546) /
+ * 317-325, 8 MiB 1595-1605 / 1502-1886 / 1575-1651, 32 MiB 8.1-9.9 ms /
+ * 10.0-12.5. */
+#define SEL_PEER_CACHE (4.0 * 1024 * 1024)
 
 static int sfail(char *err, size_t errlen, const char *fmt, ...) {
   if (err && errlen) {
@@ -228,6 +240,7 @@ int select_init(select_ctx_t *s, const char *overrides, bool deterministic, char
   s->intra = (select_link_t){SEL_INTRA_ALPHA, SEL_INTRA_BETA};
   s->inter = (select_link_t){SEL_INTER_ALPHA, SEL_INTER_BETA};
   s->gamma = SEL_GAMMA;
+  s->peer_cache = SEL_PEER_CACHE;
   s->deterministic = deterministic;
   if (err && errlen)
     err[0] = 0;
@@ -379,12 +392,14 @@ static double hier_allreduce(const model_t *m) {
 static double cost_allreduce(const model_t *m, const char *name) {
   const double n = m->n, N = m->N, g = m->s->gamma;
   const select_link_t f = m->flat;
+  /* at 2 ranks ring and rhd alike send back the half they reduced */
+  const double hot = n == 2 && m->nhosts <= 1 ? fmin(N / 2, m->s->peer_cache) * f.beta : 0;
   if (!strcmp(name, "ring"))
-    return 2 * (n - 1) * f.alpha + 2 * (n - 1) / n * N * f.beta + (n - 1) / n * N * g;
+    return 2 * (n - 1) * f.alpha + 2 * (n - 1) / n * N * f.beta + (n - 1) / n * N * g + hot;
   if (!strcmp(name, "rd"))
     return rounds(m, true, whole_vector, g) + fold(m);
   if (!strcmp(name, "rhd"))
-    return rounds(m, true, halving, g) + rounds(m, true, halving, 0) + fold(m);
+    return rounds(m, true, halving, g) + rounds(m, true, halving, 0) + fold(m) + hot;
   if (!strcmp(name, "tree"))
     return 2 * rounds(m, true, whole_vector, 0) + ceil_log2((int)n) * N * g;
   if (!strcmp(name, "dbtree"))

@@ -41,6 +41,9 @@ typedef struct select_rule {
 typedef struct select_ctx {
   select_link_t intra, inter; /* per link class */
   double gamma;               /* seconds per byte reduced */
+  /* bytes of a peer's cache a rank may read from (0: its data crosses a
+   * wire anyway); see cost_allreduce */
+  double peer_cache;
   bool deterministic;
   select_rule_t *rules; /* from CHORUS_ALGO, in the order given */
   size_t nrules;
