@@ -48,13 +48,13 @@
  * reductions 10 GB/s), not a promise about any cluster: callers may
  * overwrite the fields of select_ctx_t after select_init. The float32 sum
  * kernel itself runs at 80-94 GB/s in cache and 17-24 GB/s from memory
- * here; 10 GB/s, which counts the loads and stores of the run around it,
- * puts the 2-rank allreduce's switch from recursive doubling (one message,
- * the whole vector reduced) to the ring (two messages, half of it) between
- * 32 and 64 KiB, where it is measured (shm, 3 interleaved rounds, rd / ring:
- * 16 KiB 12.6-12.9 / 15.3-16.0 us, 32 KiB 12.8-13.1 / 14.8-15.3, 64 KiB
- * 22.8-23.8 / 23.0-25.9, 128 KiB 43.8-47.8 / 41.3-44.4). At 4 GB/s, the
- * figure before, the ring took everything from 16 KiB.
+ * here; 10 GB/s counts the loads and stores of the run around it. At 4
+ * GB/s, the figure before, the model gave the 2-rank allreduce to the ring
+ * (two messages, half the vector reduced) from 16 KiB, where recursive
+ * doubling (one message, all of it reduced) was faster (shm, 3 interleaved
+ * rounds, rd / ring: 16 KiB 12.6-12.9 / 15.3-16.0 us, 32 KiB 12.8-13.1 /
+ * 14.8-15.3; 256 KiB bounce slots then); at 10 GB/s, and without the peer
+ * cache term below (over a wire), the switch falls between 32 and 64 KiB.
  *
  * CHORUS_ALGO grammar: rules separated by ';', each "collective=spec,spec"
  * with spec "algorithm[:min-max]", sizes in bytes with K, M, G suffixes
