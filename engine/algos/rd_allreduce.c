@@ -135,7 +135,12 @@ int algo_rd_allreduce(const algo_args_t *a, plan_t **out) {
           &(plan_step_t){
               .kind = STEP_REDUCE, .bytes = bytes, .dst = {BUF_RECV, off}, .src = lo, .src2 = hi});
       plan_dep(&b, v, red);
-      plan_dep(&b, s, red);
+      /* the reduce writes recv: it waits for a send that reads recv (in
+       * place, or a later round); the first round out of place sends from
+       * send, and its reduce, waiting only for the receive, may read the
+       * peer's mapped buffer in place (exec.c: find_borrowable) */
+      if (mine == BUF_RECV)
+        plan_dep(&b, s, red);
       plan_dep(&b, last, red);
       slot_user[slot] = red;
       last = red;
