@@ -146,10 +146,9 @@ static void run(int n, int mask) {
 
 /* Plain memory over shm: messages up to CHORUS_SHM_BOUNCE (64 KiB by
  * default) go through the sender's bounce slots, larger ones by one CMA
- * copy from the sender's buffer (comm.c: shm_bounce). arg: the bounce
- * setting as text, or NULL for the default. */
+ * copy from the sender's buffer (comm.c: shm_bounce). Rank 0 sends, rank 1
+ * receives and checks which path each size took. */
 static int bounce_rank(int rank, int size, const char *addr, void *arg) {
-  (void)size;
   (void)arg;
   static const size_t sizes[] = {32 << 10, 64 << 10, 128 << 10};
   chorus_comm_t *c;
