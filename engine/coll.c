@@ -1216,6 +1216,7 @@ chorus_result coll_comm_init(chorus_comm_t *c) {
   if (select_init(&c->sel, c->set.algo, c->set.deterministic, err, sizeof(err)))
     return comm_error(c, CHORUS_ERR_ENV, "CHORUS_ALGO=\"%s\": %s", c->set.algo, err);
   sel_fit_cores(c, &c->sel);
+  c->yield_after_ns = coll_ranks_per_core(c) > 1 ? 0 : COMM_YIELD_AFTER_NS;
   c->sel_ready = true;
   c->last_algo[0] = '\0';
   c->p2p_seq = calloc(2 * (size_t)c->size, sizeof(*c->p2p_seq));

@@ -416,6 +416,17 @@ static size_t progress_once(chorus_comm_t *c) {
   return n;
 }
 
+bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns, uint64_t now) {
+  return idle_ns >= (now < c->yield_crowded_until ? 0 : c->yield_after_ns);
+}
+
+void comm_yielded(chorus_comm_t *c, uint64_t before, uint64_t after) {
+  /* a long yield: something else ran on this core (a peer the kernel put
+   * here, say): yield at once for a while */
+  if (after - before > COMM_YIELD_LONG_NS)
+    c->yield_crowded_until = after + COMM_YIELD_CROWDED_NS;
+}
+
 bool idle_clock_over(idle_clock_t *ic, uint64_t now, uint64_t limit) {
   if (!ic->first)
     ic->first = now;
@@ -448,9 +459,13 @@ static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
           continue;
         }
         if ((++spins & 15) == 0) {
-          if (idle_clock_over(&idle, fsm_now_ns(), idle_ns))
+          uint64_t now = fsm_now_ns();
+          if (idle_clock_over(&idle, now, idle_ns))
             break;
-          sched_yield();
+          if (comm_yield_due(c, now - idle.first, now)) {
+            sched_yield();
+            comm_yielded(c, now, fsm_now_ns());
+          }
         }
       }
       /* The progress thread sleeps (it set `sleeping` under this lock):
@@ -785,7 +800,13 @@ bool comm_all_sock(const chorus_comm_t *c) {
  * slow rounds: bcast 420 us bounced against 148 with 64 KiB, allgather 286
  * against 126, allreduce 517 against 428; in the 11 fast ones 107 against
  * 138, 80 against 104, 134 against 208). When ranks outnumber the cores,
- * where two copies cost more than one, it never passes 64 KiB. */
+ * where two copies cost more than one, it never passes 64 KiB. Tried and
+ * left: 16 KiB. With two ranks on cores of their own it is faster (32 KiB
+ * bcast 6.0-7.2 us against 7.4; every bounced line crosses between the
+ * cores twice), but the kernel here often keeps two ranks on one core,
+ * where bouncing through one cache beats CMA's system calls: 5 interleaved
+ * rounds (2026-12-01), medians, 16 KiB against 64 KiB: 32 KiB allreduce
+ * 54.5 against 14.9 us, bcast 7.9 against 7.7, allgather 8.4 against 6.5. */
 #define SHM_BOUNCE_SHARED (64u << 10)
 static size_t shm_bounce(const chorus_comm_t *c) {
   size_t b = c->set.shm_bounce;

@@ -153,6 +153,8 @@ struct chorus_comm {
   } sel_memo[16];
   unsigned sel_memo_next;
   bool sel_ready;
+  uint64_t yield_after_ns;      /* a driver idle this long starts yielding (COMM_YIELD_AFTER_NS) */
+  uint64_t yield_crowded_until; /* till then (fsm_now_ns) a driver yields at once */
   size_t chunk_bytes;           /* pipeline chunk of this communicator's plans (coll.c) */
   size_t bcast_chunk_bytes;     /* that of broadcasts (coll.c) */
   size_t allgather_chunk_bytes; /* that of allgathers (coll.c) */
@@ -236,6 +238,28 @@ chorus_result eng_comm_set_algo(chorus_comm_t *c, const char *spec);
  * the transport as it found it (armed for a sleeping progress thread, or
  * that thread woken). */
 void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds);
+/* A driver that has polled idle for COMM_YIELD_AFTER_NS starts yielding the
+ * core (every 16 idle rounds), when the communicator's ranks on this host
+ * do not outnumber its cores; with more, from the start. A yield is a
+ * system call (1.5 us on this development machine's VM) that a waiter on a
+ * core of its own only pays for: a message over shm is answered within a
+ * few us. 2 ranks, bcast by CMA (CHORUS_SHM_BOUNCE=0), yielding every 16
+ * idle rounds -> never: 32 KiB 7.9-8.1 -> 6.6-6.8 us, 64 KiB 9.0-9.6 ->
+ * 7.6. Where a yield takes longer than COMM_YIELD_LONG_NS, something else
+ * ran on the core - a peer the kernel put there, as it does now and then at
+ * start - and for COMM_YIELD_CROWDED_NS every wait yields at once again, as
+ * before. With the default bouncing: 5 interleaved runs of 2-rank 32 KiB
+ * and 2 MiB allreduce, bcast, allgather and reduce_scatter (2026-12-01),
+ * medians, before -> after: 32 KiB allreduce 42.4 -> 14.9 us (the first
+ * size: before, 3 of the 5 runs were slow throughout, after none), 2 MiB
+ * allreduce 317 -> 283, the others within 0.3 us or 3%. */
+#define COMM_YIELD_AFTER_NS (5 * 1000)
+#define COMM_YIELD_LONG_NS (4 * 1000)
+#define COMM_YIELD_CROWDED_NS (10 * 1000 * 1000)
+/* Whether a driver idle for idle_ns yields now (fsm_now_ns() = now). */
+bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns, uint64_t now);
+/* A yield from `before` to `after` (fsm_now_ns) is over: notes a crowded core. */
+void comm_yielded(chorus_comm_t *c, uint64_t before, uint64_t after);
 
 /*
  * How long a polling loop (comm_drive) has waited, counted while it runs: a
