@@ -595,8 +595,10 @@ static void *progress_main(void *arg) {
       if (backoff_us < 1000)
         backoff_us *= 2;
     } else {
-      /* a safety net only: wake-ups come from the fd */
+      /* a safety net only: wake-ups come from the fd; an idle wake-up
+       * also gives back the scratch that calls stopped using (exec_trim) */
       bool idle = exec_idle(&c->ex) && !c->parked;
+      exec_trim(&c->ex, fsm_now_ns());
       tv.tv_sec = idle ? 1 : 0;
       tv.tv_usec = idle ? 0 : 100000;
     }

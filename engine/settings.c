@@ -102,8 +102,9 @@ static const struct setting settings_table[] = {
      "(collective=algo[:min-max],...;...); empty = chosen by the cost model",
      FIELD(algo), 0, 0},
     {"CHORUS_BUFFSIZE", SET_SIZE, "4M",
-     "largest scratch buffer a communicator keeps between collectives (a schedule needing "
-     "more allocates its own per call); K, M, G suffixes",
+     "largest scratch buffer a communicator keeps between collectives for good (a schedule "
+     "needing more gets its own, kept while such calls follow and given back after ~1 s "
+     "unused); K, M, G suffixes",
      FIELD(buffsize), 4096, 1099511627776.0},
     {"CHORUS_VERIFY", SET_BOOL, "1",
      "check each compiled schedule before its first run (every send has one matching receive, "

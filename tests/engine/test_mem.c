@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "chorus.h"
@@ -215,4 +216,73 @@ Test(mem, allreduce_some_registered_3) {
 }
 Test(mem, allreduce_none_registered_2) {
   run(2, 0x0);
+}
+
+/* Scratch past CHORUS_BUFFSIZE: a plan that needs more than the cached
+ * buffer gets scratch of its own, which is kept for the next such call
+ * (a fresh buffer costs a page fault a page) and given back once calls have
+ * not used it for EXEC_BIG_IDLE_NS. Two ranks, reduce_scatter by rhd (its
+ * partials take the whole input in scratch) with 64 KiB of CHORUS_BUFFSIZE. */
+static int big_scratch_rank(int rank, int size, const char *addr, void *arg) {
+  (void)arg;
+  const size_t count = 64 << 10; /* floats a rank: 512 KiB of input */
+  float *in = malloc(2 * count * sizeof(float)), *out = malloc(count * sizeof(float));
+  chorus_comm_t *c;
+  int bad = 0;
+  if (!in || !out || chorus_comm_init(&c, rank, size, addr)) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
+    free(in);
+    free(out);
+    return 1;
+  }
+  void *kept[2] = {NULL, NULL};
+  size_t kept_bytes = 0;
+  for (int call = 0; call < 2 && !bad; call++) {
+    for (size_t i = 0; i < 2 * count; i++)
+      in[i] = (float)((size_t)rank + i % 7 + (size_t)call);
+    if (chorus_reduce_scatter(c, in, out, count, CHORUS_FLOAT32, CHORUS_SUM)) {
+      fprintf(stderr, "rank %d: %s\n", rank, chorus_comm_last_error(c));
+      bad = 1;
+      break;
+    }
+    for (size_t i = 0; i < count && !bad; i++) {
+      float want = (float)(1 + 2 * ((rank * count + i) % 7) + 2 * (size_t)call);
+      if (out[i] != want) {
+        fprintf(stderr, "rank %d call %d: out[%zu] %g, want %g\n", rank, call, i, out[i], want);
+        bad = 1;
+      }
+    }
+    pthread_mutex_lock(&c->prog_lock);
+    kept[call] = c->ex.big;
+    kept_bytes = c->ex.big_bytes;
+    pthread_mutex_unlock(&c->prog_lock);
+  }
+  if (!bad && (!kept[0] || kept[1] != kept[0] || kept_bytes < 2 * count * sizeof(float))) {
+    fprintf(stderr, "rank %d: scratch kept %p then %p (%zu B)\n", rank, kept[0], kept[1],
+            kept_bytes);
+    bad = 1;
+  }
+  /* idle: the progress thread gives it back */
+  bool freed = false;
+  for (int i = 0; i < 50 && !bad && !freed; i++) {
+    usleep(100 * 1000);
+    pthread_mutex_lock(&c->prog_lock);
+    freed = c->ex.big == NULL;
+    pthread_mutex_unlock(&c->prog_lock);
+  }
+  if (!bad && !freed) {
+    fprintf(stderr, "rank %d: the scratch was still kept after 5 s idle\n", rank);
+    bad = 1;
+  }
+  free(in);
+  free(out);
+  return chorus_comm_destroy(c) != CHORUS_SUCCESS || bad;
+}
+
+Test(mem, scratch_past_buffsize_is_kept_for_the_next_call_then_given_back) {
+  const char *envs[] = {"CHORUS_PROVIDER=shm", "CHORUS_BUFFSIZE=64K",
+                        "CHORUS_ALGO=reduce_scatter=rhd", NULL};
+  mp_result_t r = mp_run(2, big_scratch_rank, NULL, 120, envs);
+  cr_assert_eq(r.timed_out, 0);
+  cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
 }
