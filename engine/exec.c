@@ -49,10 +49,9 @@ struct exec {
   uint8_t *bufs[BUF_COUNT];
   void *const *xbufs; /* extra buffers of a composed plan (exec_set_extra) */
   uint32_t msg_or;    /* or'ed into message numbers (EXEC_MSG_P2P) */
-  void *own_scratch;  /* scratch of this run's own (plan past CHORUS_BUFFSIZE, or the cached one
-                         lent) */
-  size_t own_bytes;
-  bool scratch_lent; /* this run holds ctx->scratch */
+  void *own_scratch;  /* scratch of its own: past CHORUS_BUFFSIZE, or the cached one lent */
+  size_t own_bytes;   /* its size (ctx->big takes it back at the end) */
+  bool scratch_lent;  /* this run holds ctx->scratch */
   uint16_t seq;
   exec_step_t *steps;
   uint32_t nsteps; /* plan->nsteps, for after the plan may be gone */
@@ -782,13 +781,12 @@ bool exec_idle(const exec_ctx_t *ctx) {
   return ctx->active == NULL;
 }
 
-bool exec_trim(exec_ctx_t *ctx, uint64_t now) {
+void exec_trim(exec_ctx_t *ctx, uint64_t now) {
   if (ctx->big && now - ctx->big_since >= EXEC_BIG_IDLE_NS) {
     free(ctx->big);
     ctx->big = NULL;
     ctx->big_bytes = 0;
   }
-  return ctx->big != NULL;
 }
 
 void exec_ctx_fini(exec_ctx_t *ctx) {

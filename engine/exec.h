@@ -60,7 +60,7 @@ typedef struct exec_ctx {
    * each other; exec_trim gives it back after EXEC_BIG_IDLE_NS unused. */
   void *big;
   size_t big_bytes;
-  uint64_t big_since; /* fsm_now_ns() when it was last given back */
+  uint64_t big_since; /* fsm_now_ns() when its last run ended */
   /* The steps the transport failed (a broken connection) in the last run
    * that failed so, kept for the dumps once that run is gone: the peers
    * this rank waited on until the break. Cleared by a run that succeeds. */
@@ -117,10 +117,9 @@ size_t exec_pending(const exec_ctx_t *ctx, exec_pending_t *out, size_t max);
 bool exec_blocker(const exec_ctx_t *ctx, exec_pending_t *out);
 /* True when nothing is running. */
 bool exec_idle(const exec_ctx_t *ctx);
-/* Frees ctx->big when no run has used it for EXEC_BIG_IDLE_NS (now: fsm_now_ns()).
- * Returns whether it still holds memory that a later call may free. */
+/* Frees ctx->big when no run has used it for EXEC_BIG_IDLE_NS (now: fsm_now_ns()). */
 #define EXEC_BIG_IDLE_NS (1000ull * 1000 * 1000)
-bool exec_trim(exec_ctx_t *ctx, uint64_t now);
+void exec_trim(exec_ctx_t *ctx, uint64_t now);
 void exec_ctx_fini(exec_ctx_t *ctx);
 
 /* Tag layout (64 bits): source rank 16 | communicator 8 | sequence 16 | message 24.
