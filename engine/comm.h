@@ -252,7 +252,10 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
  * and 2 MiB allreduce, bcast, allgather and reduce_scatter (2026-12-01),
  * medians, before -> after: 32 KiB allreduce 42.4 -> 14.9 us (the first
  * size: before, 3 of the 5 runs were slow throughout, after none), 2 MiB
- * allreduce 317 -> 283, the others within 0.3 us or 3%. */
+ * allreduce 317 -> 283, the others within 0.3 us or 3%. In a later phase
+ * where both ranks sat on one core from the start, before and after read
+ * the same (5 runs: 32 KiB allreduce 24-28 us, allgather 10-11, bcast
+ * 4.6-7.6; Open MPI's allreduce 15-35). */
 #define COMM_YIELD_AFTER_NS (5 * 1000)
 #define COMM_YIELD_LONG_NS (4 * 1000)
 #define COMM_YIELD_CROWDED_NS (10 * 1000 * 1000)
