@@ -1168,7 +1168,11 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
  * ranks and little more on a few: bcast takes chunks of SEL_NET_BCAST_CHUNK
  * (2-rank 2 MiB bcast over tcp, median of 8 interleaved runs: 1317 us in
  * 256 KiB chunks, 1029 in one message). Not allgather, whose messages
- * cross in both directions: 1054 us in 256 KiB chunks, 1247 in one. */
+ * cross in both directions: 1054 us in 256 KiB chunks, 1247 in one.
+ * Those were rxm's costs; over sock a rendezvous is cheaper and a broadcast
+ * takes sock's chunk below (2 ranks, scripts/bench-vs-mpi.sh -r 5, 2 runs
+ * each, 4 MiB -> 512 KiB: 2 MiB 700 / 599 -> 483 / 472 us, Open MPI's tcp
+ * 535-644; 64 MiB 35.2 / 21.4 -> 20.0 / 23.2 ms, Open MPI 27-29). */
 #define SEL_NET_BCAST_CHUNK (4u << 20)
 /* So do broadcasts among ranks that outnumber the cores: a chunk overlaps
  * nothing while every core is busy, and each costs a turn (8 ranks on 2
@@ -1184,6 +1188,7 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
 static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   const bool dflt = c->set.chunk_bytes == SEL_DEFAULT_CHUNK; /* else kept as set */
   const bool net = comm_intra_network(c);
+  const bool sock = comm_all_sock(c);
   int per_core = coll_ranks_per_core(c);
   /* ranks of one host that talk over tcp (say) pay its costs, not shm's:
    * at 2 ranks, a 32 KiB allreduce by recursive doubling (one 32 KiB
@@ -1194,11 +1199,12 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   }
   select_share_cores(s, per_core);
   c->chunk_bytes = dflt ? SEL_DEFAULT_CHUNK * (size_t)per_core : c->set.chunk_bytes;
-  if (dflt && c->chunk_bytes < SEL_SOCK_CHUNK && comm_all_sock(c))
+  if (dflt && c->chunk_bytes < SEL_SOCK_CHUNK && sock)
     c->chunk_bytes = SEL_SOCK_CHUNK;
-  c->bcast_chunk_bytes = dflt && (net || per_core > 1) && c->chunk_bytes < SEL_NET_BCAST_CHUNK
-                             ? SEL_NET_BCAST_CHUNK
-                             : c->chunk_bytes;
+  c->bcast_chunk_bytes =
+      dflt && ((net && !sock) || per_core > 1) && c->chunk_bytes < SEL_NET_BCAST_CHUNK
+          ? SEL_NET_BCAST_CHUNK
+          : c->chunk_bytes;
   c->allgather_chunk_bytes = c->chunk_bytes;
   /* Two ranks over shm: a broadcast or an allgather forwards nothing, and
    * each chunk is one more rendezvous (descriptor, CMA copy, ack). 2 MiB, 5
