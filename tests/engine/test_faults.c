@@ -656,7 +656,8 @@ static void run_one(enum fault f, enum coll k, int prov, unsigned long seed, res
             p->init_t1 - t_init);
     fprintf(stderr,
             "status %d, %d/%d iterations verified, %s%s at iteration %d (call began at +%.2f s), "
-            "%.2f s into the call, %.2f s after the fault; later call %s; destroy %s in %.2f s; "
+            "%.2f s into the call, %.2f s after the fault reached it; later call %s; destroy %s in "
+            "%.2f s; "
             "fds %d -> "
             "%d%s%s: %s\n",
             r.status[i], p->iters_ok, ITERS, p->wrong ? "WRONG RESULT, " : "",
