@@ -31,7 +31,9 @@
  * Built twice from this file: test_faults (label multiproc, in the suite: one seed, few
  * iterations) and test_faults_long (-DFAULTS_LONG, label soak, outside the suite: more
  * seeds, more iterations, larger messages). Two runs go at a time (FAULTS_MATRIX_JOBS), each
- * from a process of its own whose output is printed whole when it ends.
+ * from a process of its own whose output is printed whole: when it ends if it went wrong,
+ * else after every run (so a log cut to its first lines, as CI shows a failing test, starts
+ * with the runs that failed); then the table.
  *
  * Replay: FAULTS_MATRIX_FILTER=drop/allreduce/tcp FAULTS_MATRIX_SEEDS=3 FAULTS_MATRIX_JOBS=1
  * ./test_faults runs only the rows whose name holds the filter, with those seeds; every run
@@ -699,19 +701,32 @@ typedef struct slot {
   char log[64];
 } slot_t;
 
-/* Collects the process of slot s: prints its output whole, and notes a process that did not
- * leave a verdict (a crash of the test itself). */
-static void collect(slot_t *s, int st, const planned_t *plan, result_t *res) {
+/* Collects the process of slot s and its output, whole: printed now for a run that went
+ * wrong (an outcome other than correct or a clean error, or a leak), else kept in kept[run]
+ * for the end. A log cut to its head (CI shows the first lines of a failing test) then starts
+ * with what failed. Notes a process that did not leave a verdict (a crash of the test). */
+static void collect(slot_t *s, int st, const planned_t *plan, result_t *res, char **kept) {
   FILE *lf = fopen(s->log, "r");
+  char *text = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&text, &len);
   char buf[4096];
   size_t got;
   if (lf) {
     while ((got = fread(buf, 1, sizeof(buf), lf)) > 0)
-      fwrite(buf, 1, got, stderr);
+      fwrite(buf, 1, got, mem ? mem : stderr);
     fclose(lf);
   }
+  if (mem)
+    fclose(mem);
   unlink(s->log);
   result_t *r = &res[s->run];
+  if (r->done && r->outcome <= O_CLEAN && !r->leak && text) {
+    kept[s->run] = text;
+  } else if (text) {
+    fputs(text, stderr);
+    free(text);
+  }
   if (!r->done) {
     char name[64];
     const planned_t *p = &plan[s->run];
@@ -757,6 +772,10 @@ Test(faults, matrix) {
   cr_assert_neq(res, MAP_FAILED);
   memset(res, 0, sizeof(result_t) * (size_t)nruns);
 
+  /* the output of the runs that went right, printed after those that went wrong */
+  char **kept = calloc((size_t)nruns, sizeof(*kept));
+  cr_assert_not_null(kept);
+
   /* `jobs` runs at a time, each from a process of its own: mp_run waits for any child */
   slot_t slots[MAXJOBS] = {{0}};
   double t0 = now_s();
@@ -795,11 +814,17 @@ Test(faults, matrix) {
     cr_assert_gt(pid, 0, "waitpid: %s", strerror(errno));
     for (int i = 0; i < jobs; i++)
       if (slots[i].pid == pid) {
-        collect(&slots[i], st, plan, res);
+        collect(&slots[i], st, plan, res, kept);
         active--;
       }
   }
   double wall = now_s() - t0;
+  for (int i = 0; i < nruns; i++) {
+    if (kept[i])
+      fputs(kept[i], stderr);
+    free(kept[i]);
+  }
+  free(kept);
 
   row_t tot = {0};
   for (int i = 0; i < nruns; i++) {
