@@ -337,10 +337,11 @@ static const char *ofi_prov_name(const char *name) {
  * an endpoint is enabled, taken from pools that grow 1024 buffers at a
  * time and are zeroed as they grow: its default of 4096 cost every tcp
  * endpoint 4 x 38 MB, zeroed (0.4 s of a 0.7 s communicator creation).
- * 1024 is one pool chunk, as many as we post sends (OFI_MAX_POSTED_CAP),
- * and rxm posts a fresh buffer for each one an unexpected message holds.
- * Read, like the buffer size, when libfabric first initialises its
- * providers. */
+ * 1024 is one pool chunk and as many sends as we post (OFI_MAX_POSTED_CAP);
+ * rxm takes more from its pool while unexpected messages hold buffers (7
+ * ranks each sending rank 0 3000 messages of 1 KiB before it posts a
+ * receive: all arrive). Read, like the buffer size, when libfabric first
+ * initialises its providers. */
 #define OFI_RXM_MSG_RX_SIZE "1024"
 
 static int ofi_getinfo(const char *prov, uint64_t caps, struct fi_info **out) {
