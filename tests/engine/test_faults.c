@@ -701,32 +701,37 @@ typedef struct slot {
   char log[64];
 } slot_t;
 
-/* Collects the process of slot s and its output, whole: printed now for a run that went
- * wrong (an outcome other than correct or a clean error, or a leak), else kept in kept[run]
- * for the end. A log cut to its head (CI shows the first lines of a failing test) then starts
- * with what failed. Notes a process that did not leave a verdict (a crash of the test). */
-static void collect(slot_t *s, int st, const planned_t *plan, result_t *res, char **kept) {
-  FILE *lf = fopen(s->log, "r");
-  char *text = NULL;
-  size_t len = 0;
-  FILE *mem = open_memstream(&text, &len);
+/* The file a run's process writes its output to. */
+static void run_log(char *path, size_t n, int run) {
+  snprintf(path, n, "/tmp/chorus-faults-%d-%d.log", (int)getpid(), run);
+}
+
+/* Prints a run's output whole and removes its file. */
+static void print_log(const char *path) {
+  FILE *lf = fopen(path, "r");
   char buf[4096];
   size_t got;
   if (lf) {
     while ((got = fread(buf, 1, sizeof(buf), lf)) > 0)
-      fwrite(buf, 1, got, mem ? mem : stderr);
+      fwrite(buf, 1, got, stderr);
     fclose(lf);
   }
-  if (mem)
-    fclose(mem);
-  unlink(s->log);
+  unlink(path);
+}
+
+/* Correct or a clean error, and no leak. */
+static bool went_right(const result_t *r) {
+  return r->done && r->outcome <= O_CLEAN && !r->leak;
+}
+
+/* Collects the process of slot s: prints the output of a run that went wrong now, and
+ * leaves the others' files for the end, so that a log cut to its head (CI shows the first
+ * lines of a failing test) starts with what failed. Notes a process that did not leave a
+ * verdict (a crash of the test). */
+static void collect(slot_t *s, int st, const planned_t *plan, result_t *res) {
   result_t *r = &res[s->run];
-  if (r->done && r->outcome <= O_CLEAN && !r->leak && text) {
-    kept[s->run] = text;
-  } else if (text) {
-    fputs(text, stderr);
-    free(text);
-  }
+  if (!went_right(r))
+    print_log(s->log);
   if (!r->done) {
     char name[64];
     const planned_t *p = &plan[s->run];
@@ -772,10 +777,6 @@ Test(faults, matrix) {
   cr_assert_neq(res, MAP_FAILED);
   memset(res, 0, sizeof(result_t) * (size_t)nruns);
 
-  /* the output of the runs that went right, printed after those that went wrong */
-  char **kept = calloc((size_t)nruns, sizeof(*kept));
-  cr_assert_not_null(kept);
-
   /* `jobs` runs at a time, each from a process of its own: mp_run waits for any child */
   slot_t slots[MAXJOBS] = {{0}};
   double t0 = now_s();
@@ -784,17 +785,12 @@ Test(faults, matrix) {
       slot_t *s = slots;
       while (s->pid)
         s++;
-      snprintf(s->log, sizeof(s->log), "/tmp/chorus-faults-%d-%d.log", (int)getpid(), next);
+      run_log(s->log, sizeof(s->log), next);
       fflush(stdout);
       fflush(stderr);
       pid_t pid = fork();
       cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
       if (pid == 0) {
-        /* the run's ranks are forked from here and check for leaks as they
-         * leave: the parent's kept output is not theirs to hold */
-        for (int i = 0; i < nruns; i++)
-          free(kept[i]);
-        free(kept);
         int fd = open(s->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd >= 0) {
           dup2(fd, STDOUT_FILENO);
@@ -819,17 +815,17 @@ Test(faults, matrix) {
     cr_assert_gt(pid, 0, "waitpid: %s", strerror(errno));
     for (int i = 0; i < jobs; i++)
       if (slots[i].pid == pid) {
-        collect(&slots[i], st, plan, res, kept);
+        collect(&slots[i], st, plan, res);
         active--;
       }
   }
   double wall = now_s() - t0;
-  for (int i = 0; i < nruns; i++) {
-    if (kept[i])
-      fputs(kept[i], stderr);
-    free(kept[i]);
-  }
-  free(kept);
+  for (int i = 0; i < nruns; i++)
+    if (went_right(&res[i])) {
+      char path[64];
+      run_log(path, sizeof(path), i);
+      print_log(path);
+    }
 
   row_t tot = {0};
   for (int i = 0; i < nruns; i++) {
