@@ -344,12 +344,60 @@ static const char *ofi_prov_name(const char *name) {
  * initialises its providers. */
 #define OFI_RXM_MSG_RX_SIZE "1024"
 
+/* udp;ofi_rxd sends a peer up to FI_OFI_RXD_MAX_UNACKED packets (128 by
+ * default, 4 KiB each) before it waits for an ack, and a udp socket holds
+ * net.core.rmem_default (208 KiB here, about 26 such packets: the kernel
+ * counts some 8 KiB a packet); what does not fit is dropped and sent again.
+ * One 2-rank exchange of 3 x 18 MiB dropped 29,820 packets that way, and
+ * under load rxd (1.17) then completed some 1 and 16 MiB receives short
+ * (FI_ETRUNC, eight packets' data missing). So the endpoint's socket asks
+ * for OFI_UDP_RCVBUF (the kernel grants up to net.core.rmem_max, doubled),
+ * and the window is set to what that buffer holds for four peers sending at
+ * once, between 8 and rxd's 128. Read, like rxm's values, when libfabric
+ * first initialises its providers; a value the user set is kept. */
+#define OFI_UDP_RCVBUF (4 << 20)
+#define OFI_UDP_PKT_COST 8192
+
+static long ofi_sysctl(const char *path, long dflt) {
+  FILE *f = fopen(path, "re");
+  long v;
+
+  if (!f)
+    return dflt;
+  if (fscanf(f, "%ld", &v) != 1)
+    v = dflt;
+  fclose(f);
+  return v;
+}
+
+/* What SO_RCVBUF of OFI_UDP_RCVBUF gives a socket, in bytes. */
+static long ofi_udp_rcvbuf(void) {
+  long max = ofi_sysctl("/proc/sys/net/core/rmem_max", 212992);
+  long dflt = ofi_sysctl("/proc/sys/net/core/rmem_default", 212992);
+  long got = 2 * (max < OFI_UDP_RCVBUF ? max : OFI_UDP_RCVBUF);
+
+  return got > dflt ? got : dflt;
+}
+
+static void ofi_rxd_window_env(void) {
+  char v[16];
+  long w;
+
+  if (getenv("FI_OFI_RXD_MAX_UNACKED"))
+    return;
+  w = ofi_udp_rcvbuf() / OFI_UDP_PKT_COST / 4;
+  w = w < 8 ? 8 : w > 128 ? 128 : w;
+  snprintf(v, sizeof(v), "%ld", w);
+  setenv("FI_OFI_RXD_MAX_UNACKED", v, 0);
+}
+
 static int ofi_getinfo(const char *prov, uint64_t caps, struct fi_info **out) {
   struct fi_info *hints = fi_allocinfo();
   int rc;
 
   setenv("FI_OFI_RXM_BUFFER_SIZE", OFI_RXM_BUFFER_SIZE, 0);
   setenv("FI_OFI_RXM_MSG_RX_SIZE", OFI_RXM_MSG_RX_SIZE, 0);
+  ofi_rxd_window_env();
   if (!hints)
     return -FI_ENOMEM;
   hints->caps = caps;
@@ -746,6 +794,9 @@ static size_t ofi_safe_posted(const struct fi_info *info) {
   return m ? m : 1;
 }
 
+static void ofi_each_port_sock(uint16_t port, void (*fn)(int fd, ino_t ino, void *arg), void *arg);
+static void ofi_raise_rcvbuf(int fd, ino_t ino, void *arg);
+
 static int ofi_open_cq(struct ofi_ep *o) {
   struct fi_cq_attr attr = {
       .format = FI_CQ_FORMAT_TAGGED,
@@ -906,6 +957,8 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
     o->listen_port = ntohs(((const struct sockaddr_in *)fab)->sin_port);
   else if (o->info->addr_format == FI_SOCKADDR_IN6 && fab_len >= sizeof(struct sockaddr_in6))
     o->listen_port = ntohs(((const struct sockaddr_in6 *)fab)->sin6_port);
+  if (o->wait == OFI_WAIT_TIMER) /* udp: see ofi_rxd_window_env */
+    ofi_each_port_sock(o->listen_port, ofi_raise_rcvbuf, NULL);
 
   o->slots = calloc(2 * o->max_posted, sizeof(*o->slots));
   if (!o->slots) {
@@ -1787,6 +1840,17 @@ static void ofi_each_port_sock(uint16_t port, void (*fn)(int fd, ino_t ino, void
       fn(fd, st.st_ino, arg);
   }
   closedir(d);
+}
+
+/* The udp socket of a udp;ofi_rxd endpoint: see ofi_rxd_window_env. */
+static void ofi_raise_rcvbuf(int fd, ino_t ino, void *arg) {
+  int type = 0, size = OFI_UDP_RCVBUF;
+  socklen_t tl = sizeof(type);
+
+  (void)ino;
+  (void)arg;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_DGRAM)
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
 }
 
 static void ofi_note_sock(int fd, ino_t ino, void *arg) {

@@ -10,9 +10,11 @@
  * that sleep on their wait fd between rounds.
  */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -553,9 +555,18 @@ static int xp_rank(const char *name, int rank, int sock) {
       return 6;
     }
     for (int i = 0; i < XP_N; i++) {
-      if (s[i].status || r[i].status || r[i].len != xp_sizes[i] ||
-          pt_check(r[i].buf, xp_sizes[i], (uint64_t)(peer * 100 + round * 10 + i)) != (size_t)-1)
+      size_t at = r[i].status || r[i].len != xp_sizes[i]
+                      ? 0
+                      : pt_check(r[i].buf, xp_sizes[i], (uint64_t)(peer * 100 + round * 10 + i));
+
+      if (s[i].status || r[i].status || r[i].len != xp_sizes[i] || at != (size_t)-1) {
+        fprintf(stderr,
+                "rank %d round %d: %zu bytes: send status %d, receive status %d, length %zu, "
+                "first wrong byte %zd\n",
+                rank, round, xp_sizes[i], s[i].status, r[i].status, r[i].len,
+                at == (size_t)-1 ? (ssize_t)-1 : (ssize_t)at);
         bad++;
+      }
       free(s[i].buf);
       free(r[i].buf);
     }
@@ -679,4 +690,69 @@ Test(ofi, post_before_add_peers_is_refused) {
   pt_op_init(&t);
   cr_assert_eq(eps[0]->ops->post_recv(eps[0], 1, &c, 1, 1, &t.op), -EINVAL);
   cr_assert_eq(t.calls, 0);
+}
+
+/* udp;ofi_rxd's window must fit the socket's receive buffer, or packets are
+ * dropped and resent by the thousand (and rxd 1.17 then completed large
+ * receives short under load: a CI failure of two_processes_sleeping). The
+ * endpoint's socket asks for 4 MiB (the kernel grants up to rmem_max,
+ * doubled) and the window holds four peers' worth of 8 KiB packets in it. */
+static long sysctl_long(const char *path) {
+  FILE *f = fopen(path, "r");
+  long v = -1;
+
+  cr_assert_not_null(f, "%s", path);
+  cr_assert_eq(fscanf(f, "%ld", &v), 1);
+  fclose(f);
+  return v;
+}
+
+static int udp_rcvbuf_of_port(uint16_t port) {
+  DIR *d = opendir("/proc/self/fd");
+  int found = -1;
+
+  cr_assert_not_null(d);
+  for (struct dirent *e; (e = readdir(d));) {
+    int fd = atoi(e->d_name), type = 0, size = 0;
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof(sa), tl = sizeof(type), zl = sizeof(size);
+
+    if (fd > 2 && getsockname(fd, (struct sockaddr *)&sa, &sl) == 0 && sa.sin_family == AF_INET &&
+        ntohs(sa.sin_port) == port && getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 &&
+        type == SOCK_DGRAM && getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, &zl) == 0)
+      found = size;
+  }
+  closedir(d);
+  return found;
+}
+
+Test(ofi_udp, window_fits_the_socket_buffer) {
+  unsigned char addr[512];
+  size_t len = sizeof(addr);
+  prov_ofi_test_addr_t a;
+  struct sockaddr_in sin;
+  long max = sysctl_long("/proc/sys/net/core/rmem_max");
+  long dflt = sysctl_long("/proc/sys/net/core/rmem_default");
+  long want = 2 * (max < (4 << 20) ? max : (4 << 20));
+
+  if (want < dflt)
+    want = dflt;
+  unsetenv("FI_OFI_RXD_MAX_UNACKED");
+  open_pair("udp");
+  cr_assert_eq(eps[0]->ops->getname(eps[0], addr, &len), 0);
+  cr_assert_eq(prov_ofi_test_addr_decode(addr, len, false, &a), 0);
+  cr_assert_geq(a.fab_len, sizeof(sin));
+  memcpy(&sin, a.fab, sizeof(sin));
+  cr_assert_eq(sin.sin_family, AF_INET);
+  int got = udp_rcvbuf_of_port(ntohs(sin.sin_port));
+  cr_assert_geq(got, want, "the endpoint's socket holds %d bytes, %ld expected (rmem_max %ld)", got,
+                want, max);
+  const char *w = getenv("FI_OFI_RXD_MAX_UNACKED");
+  cr_assert_not_null(w, "the rxd window is left at its default");
+  long window = atol(w);
+  cr_assert(window >= 8 && window <= 128, "window %ld", window);
+  cr_assert_leq(window * 8192 * 4, (long)got > 8 * 8192 * 4 ? (long)got : 8 * 8192 * 4,
+                "window %ld does not fit 4 peers in %d bytes", window, got);
+  cr_log_info("udp: socket buffer %d bytes (rmem_max %ld), rxd window %ld packets", got, max,
+              window);
 }
