@@ -225,6 +225,9 @@ int prov_multi_route(prov_t *p, int peer);
  * is not a prov_ofi. */
 typedef struct prov_ofi_rndv_stats {
   uint64_t cma_bytes, mapped_bytes, borrowed_bytes, bounce_bytes;
+  /* bounced messages handed back by marking the sender's slot done in our
+   * doorbell page instead of an ack message */
+  uint64_t bounce_marks;
 } prov_ofi_rndv_stats_t;
 int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out);
 

@@ -152,7 +152,9 @@ struct ofi_slot {
   void *rbuf;                 /* receive: the buffer (a descriptor may land there) */
   uint32_t gen;               /* bumped per use: a stale ack can not match */
   int bounce;                 /* rendezvous send: bounce slot + 1, 0 for none */
+  int bounce_mark;            /* bounce slot + 1 that the receiver hands back by mark, 0 for none */
   bool early;                 /* bounced send already completed; the slot waits for the ack */
+  bool marked;                /* receive: a bounced message handed back by mark (no ack, no ring) */
   struct ofi_rndv_desc {
     uint64_t addr, len, cookie;
     int32_t pid;
@@ -160,7 +162,7 @@ struct ofi_slot {
     /* when the data lies in a chorus_mem_alloc region (rid != 0): */
     uint64_t rid, ino, roff;
     int32_t rfd;
-    uint32_t flags; /* OFI_DESC_BOUNCE: rid is the sender's bounce region */
+    uint32_t flags; /* OFI_DESC_*; bits 8-15: the bounce slot (OFI_DESC_MARK) */
     uint64_t data;  /* the message's immediate data (prov_op.data) */
   } desc;
   union {
@@ -170,7 +172,10 @@ struct ofi_slot {
 };
 
 enum { OFI_RNDV_DESC = 1, OFI_RNDV_ACK = 2 };
-enum { OFI_DESC_BOUNCE = 1 };
+/* OFI_DESC_BOUNCE: rid is the sender's bounce region. OFI_DESC_MARK: no
+ * ack; the receiver marks the slot done in its own doorbell page. */
+enum { OFI_DESC_BOUNCE = 1, OFI_DESC_MARK = 2 };
+#define OFI_DESC_SLOT(flags) (((flags) >> 8) & 0xffu)
 
 enum {
   OFI_NAP_NONE,
@@ -184,6 +189,8 @@ struct ofi_db_page {
   _Atomic uint32_t sleeping; /* owner is asleep (or about to be) on its socket */
   _Atomic uint32_t want_any; /* some bit of want[] is set */
   _Atomic uint64_t want[];   /* rank r's bit: ring r after our next progress */
+  /* then _Atomic uint32_t bounce_done[nranks] (db_done_word): bit k of
+   * entry r, rank r's bounce slot k that we finished reading */
 };
 
 struct ofi_db_peer {
@@ -215,8 +222,10 @@ struct ofi_ep {
    * still be reading it). */
   unsigned char *bounce;
   uint32_t bounce_free;
-  size_t bounce_max;  /* largest message bounced (prov_config_t.shm_bounce) */
-  size_t bounce_slot; /* bytes a slot: bounce_max in whole pages */
+  uint32_t bounce_out;             /* slots the receiver hands back by mark */
+  int bounce_to[OFI_BOUNCE_SLOTS]; /* ... and to which peer each went */
+  size_t bounce_max;               /* largest message bounced (prov_config_t.shm_bounce) */
+  size_t bounce_slot;              /* bytes a slot: bounce_max in whole pages */
   int rank, nranks;
   char prov_name[64];
   char errmsg[256];
@@ -471,6 +480,17 @@ static void db_want_ring(struct ofi_ep *o, int peer) {
   db_ring(o, peer);
 }
 
+/* Entry r of the bounce_done[] that follows want[] in a page of page_len
+ * bytes, NULL when the page is too short to hold it. */
+static _Atomic uint32_t *db_done_word(struct ofi_db_page *pg, size_t page_len, int nranks, int r) {
+  size_t off = sizeof(*pg) + ((size_t)nranks + 63) / 64 * sizeof(uint64_t);
+
+  off += (size_t)r * sizeof(uint32_t);
+  if (!pg || off + sizeof(uint32_t) > page_len)
+    return NULL;
+  return (_Atomic uint32_t *)(void *)((char *)pg + off);
+}
+
 /* After our progress: ring every peer that waits for it. */
 static void db_answer(struct ofi_ep *o) {
   struct ofi_db_page *pg = o->db_page;
@@ -540,7 +560,8 @@ static int db_open(struct ofi_ep *o, const prov_config_t *cfg, char *errbuf, siz
   uint64_t nonce;
   int n, rc;
 
-  o->db_page_len = sizeof(struct ofi_db_page) + nw * sizeof(uint64_t);
+  o->db_page_len =
+      sizeof(struct ofi_db_page) + nw * sizeof(uint64_t) + (size_t)o->nranks * sizeof(uint32_t);
   o->db_page_len = (o->db_page_len + (size_t)pagesz - 1) / (size_t)pagesz * (size_t)pagesz;
   o->db_memfd = memfd_create("chorus-doorbell", MFD_CLOEXEC);
   if (o->db_memfd < 0)
@@ -1155,6 +1176,14 @@ static void db_track_nap(struct ofi_ep *o, struct ofi_slot *s) {
  *             (its status) and rings the sender if it sleeps;
  *   sender    completes the op when both the descriptor send and the ack
  *             came back, with the receiver's status.
+ * A message of up to bounce_max bytes from memory peers can not map is
+ * copied into a bounce slot first, and the op is done once the descriptor
+ * left. Then the ack only gives the slot back; when we map the receiver's
+ * doorbell page it does not even do that: the descriptor asks for a mark
+ * (OFI_DESC_MARK and the slot's number), the receiver sets the slot's bit
+ * in its page's bounce_done[our rank] instead of sending an ack, and we
+ * take marked slots back when we run out of free ones (ofi_bounce_take).
+ * One message instead of two on the 32 KiB path, and no wake-up for it.
  * The engine never sets bit 63 of a tag (prov.h), so acks can not collide.
  */
 
@@ -1164,6 +1193,37 @@ static bool ofi_use_rndv(const struct ofi_ep *o, int peer, size_t len) {
 
 static uint32_t ofi_slot_index(const struct ofi_ep *o, const struct ofi_slot *s) {
   return (uint32_t)(s - o->slots);
+}
+
+/* Takes a free bounce slot (its index), or -1 when none is. Slots handed
+ * back by mark are taken back here, only once the free ones ran out: the
+ * receiver's page is read no more often than that. */
+static int ofi_bounce_take(struct ofi_ep *o) {
+  uint32_t out = o->bounce_out;
+
+  while (!o->bounce_free && out) {
+    int peer = o->bounce_to[__builtin_ctz(out)];
+    _Atomic uint32_t *w =
+        db_done_word(o->db_peers[peer].page, o->db_peers[peer].page_len, o->nranks, o->rank);
+    uint32_t done = w && atomic_load_explicit(w, memory_order_relaxed)
+                        ? atomic_exchange_explicit(w, 0, memory_order_acquire)
+                        : 0;
+
+    /* bits of slots not out to this peer would be another's mistake */
+    for (uint32_t m = out; m; m &= m - 1)
+      if (o->bounce_to[__builtin_ctz(m)] == peer)
+        out &= ~(m & -m);
+      else
+        done &= ~(m & -m);
+    done &= o->bounce_out;
+    o->bounce_out &= ~done;
+    o->bounce_free |= done;
+  }
+  if (!o->bounce_free)
+    return -1;
+  int k = __builtin_ctz(o->bounce_free);
+  o->bounce_free &= ~(1u << k);
+  return k;
 }
 
 static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *buf, size_t len) {
@@ -1177,17 +1237,26 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
   s->desc.magic = OFI_RNDV_DATA;
   s->desc.data = s->op->data & ~PROV_DATA_VALID;
   memreg_info_t mi;
-  s->bounce = 0;
+  int k;
+  s->bounce = s->bounce_mark = 0;
   s->desc.flags = 0;
-  if (o->bounce && o->bounce_free && len <= o->bounce_max && !memreg_lookup(buf, len, &mi)) {
-    int k = __builtin_ctz(o->bounce_free);
-    o->bounce_free &= ~(1u << k);
-    s->bounce = k + 1;
+  if (o->bounce && len <= o->bounce_max && !memreg_lookup(buf, len, &mi) &&
+      (k = ofi_bounce_take(o)) >= 0) {
     unsigned char *copy = o->bounce + (size_t)k * o->bounce_slot;
     memcopy(copy, buf, len);
     buf = copy;
     s->desc.addr = (uint64_t)(uintptr_t)copy;
     s->desc.flags = OFI_DESC_BOUNCE;
+    if (db_done_word(o->db_peers[s->peer].page, o->db_peers[s->peer].page_len, o->nranks,
+                     o->rank)) {
+      /* the receiver marks it done in its page, which we map: no ack */
+      s->desc.flags |= OFI_DESC_MARK | (uint32_t)k << 8;
+      s->bounce_mark = k + 1;
+      o->bounce_out |= 1u << k;
+      o->bounce_to[k] = s->peer;
+    } else {
+      s->bounce = k + 1;
+    }
   }
   if (memreg_lookup(buf, len, &mi)) {
     s->desc.rid = mi.id;
@@ -1204,10 +1273,20 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
   if (rc) {
     if (s->bounce) /* never sent: nobody reads it */
       o->bounce_free |= 1u << (s->bounce - 1);
-    s->bounce = 0;
+    if (s->bounce_mark) {
+      o->bounce_out &= ~(1u << (s->bounce_mark - 1));
+      o->bounce_free |= 1u << (s->bounce_mark - 1);
+    }
+    s->bounce = s->bounce_mark = 0;
     return ofi_post_failed(o, s, rc, "send to");
   }
   s->rndv_pending = OFI_RNDV_DESC;
+  if (s->bounce_mark) {
+    /* done when the descriptor left: the data is in the slot */
+    if (o->wait == OFI_WAIT_DOORBELL)
+      db_ring_if_sleeping(o, s->peer);
+    return 0;
+  }
   /* The ack may already be on its way: libfabric keeps it as unexpected
    * until this receive is posted. The pool sizes keep room for it. */
   rc = fi_trecv(o->ep, &s->ack_status, sizeof(s->ack_status), NULL,
@@ -1256,6 +1335,20 @@ static void ofi_flush_acks(struct ofi_ep *o) {
     if (!ofi_send_ack(o, o->acks[i].peer, o->acks[i].cookie, o->acks[i].status))
       o->acks[k++] = o->acks[i];
   o->nacks = k;
+}
+
+/* We are done with a rendezvous message from peer: ack it (the cookie), or
+ * when the sender asked for a mark (its bounce slot `id`), set the slot's
+ * bit in our page, where the sender looks when it needs the slot. */
+static void ofi_rndv_done(struct ofi_ep *o, int peer, uint64_t id, bool mark, int32_t status) {
+  if (mark) {
+    atomic_fetch_or_explicit(db_done_word(o->db_page, o->db_page_len, o->nranks, peer), 1u << id,
+                             memory_order_release);
+    o->rndv_stats.bounce_marks++;
+    return;
+  }
+  if (!ofi_send_ack(o, peer, id, status))
+    ofi_queue_ack(o, peer, id, status);
 }
 
 /* ---- a peer's rendezvous descriptor: what is checked before it is used ---- */
@@ -1356,6 +1449,13 @@ static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t
     ofi_seterr(o, "recv from rank %d: malformed rendezvous descriptor", s->peer);
     return -EPROTO;
   }
+  bool mark = d.flags & OFI_DESC_MARK;
+  uint64_t id = mark ? OFI_DESC_SLOT(d.flags) : d.cookie;
+  if (mark && (id >= OFI_BOUNCE_SLOTS || !(d.flags & OFI_DESC_BOUNCE) || !o->db_page)) {
+    ofi_seterr(o, "recv from rank %d: malformed rendezvous descriptor", s->peer);
+    return -EPROTO;
+  }
+  s->marked = mark;
   s->op->data = PROV_DATA_VALID | d.data;
   if (!status && (mapped = ofi_map_region(o, &d))) {
     *len = (size_t)d.len;
@@ -1367,15 +1467,14 @@ static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t
       if (!bounced)
         o->rndv_stats.borrowed_bytes += d.len;
       s->op->borrowed = mapped;
-      s->op->internal[2] = (void *)(uintptr_t)d.cookie;
-      s->op->internal[3] = (void *)(intptr_t)s->peer;
+      s->op->internal[2] = (void *)(uintptr_t)id;
+      s->op->internal[3] = (void *)((intptr_t)s->peer << 1 | mark);
       return 0;
     }
     memcopy(buf, mapped, (size_t)d.len);
     if (!bounced)
       o->rndv_stats.mapped_bytes += d.len;
-    if (!ofi_send_ack(o, s->peer, d.cookie, 0))
-      ofi_queue_ack(o, s->peer, d.cookie, 0);
+    ofi_rndv_done(o, s->peer, id, mark, 0);
     return 0;
   }
   if (status) { /* -EMSGSIZE */
@@ -1400,8 +1499,7 @@ static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t
     *len = done;
     o->rndv_stats.cma_bytes += done;
   }
-  if (!ofi_send_ack(o, s->peer, d.cookie, status))
-    ofi_queue_ack(o, s->peer, d.cookie, status);
+  ofi_rndv_done(o, s->peer, id, mark, status);
   return status;
 }
 
@@ -1452,13 +1550,12 @@ static int ofi_reap(prov_t *p) {
 static void ofi_release(prov_t *p, prov_op_t *op) {
   struct ofi_ep *o = to_ofi(p);
   uint64_t cookie = (uint64_t)(uintptr_t)op->internal[2];
-  int peer = (int)(intptr_t)op->internal[3];
+  intptr_t who = (intptr_t)op->internal[3];
 
   if (!op->borrowed)
     return;
   op->borrowed = NULL;
-  if (!ofi_send_ack(o, peer, cookie, 0))
-    ofi_queue_ack(o, peer, cookie, 0);
+  ofi_rndv_done(o, (int)(who >> 1), cookie, (who & 1) != 0, 0);
 }
 
 static int ofi_post_send(prov_t *p, int peer, const void *buf, size_t len, uint64_t tag,
@@ -1533,6 +1630,13 @@ static void ofi_slot_end(struct ofi_ep *o, struct ofi_slot *s, int status) {
       o->bounce_free |= 1u << (s->bounce - 1);
     s->bounce = 0;
   }
+  if (s->is_send && s->bounce_mark) {
+    /* sent: it comes back by the receiver's mark (ofi_bounce_take) */
+    if (status)
+      o->bounce_out &= ~(1u << (s->bounce_mark - 1));
+    s->bounce_mark = 0;
+  }
+  s->marked = false;
   if (s->nap) {
     o->db_nap_ops--;
     o->db_nap_sar -= s->nap == OFI_NAP_SAR;
@@ -1556,7 +1660,7 @@ static void ofi_deliver_early(struct ofi_ep *o, struct ofi_slot *s) {
 
 static void ofi_deliver(struct ofi_ep *o, struct ofi_slot *s, int status, size_t len) {
   prov_op_t *op = s->op;
-  bool is_send = s->is_send;
+  bool is_send = s->is_send, marked = s->marked;
   int peer = s->peer;
 
   if (is_send && !status)
@@ -1564,8 +1668,9 @@ static void ofi_deliver(struct ofi_ep *o, struct ofi_slot *s, int status, size_t
   ofi_slot_end(o, s, status);
   op->internal[PROV_OP_OWNER] = NULL;
   op->internal[PROV_OP_REQ] = NULL;
-  /* A sender above the inject size waits for us to have copied its data. */
-  if (!is_send && o->db_peers && status != -ECANCELED && (len > o->inject_len || status))
+  /* A sender above the inject size waits for us to have copied its data
+   * (not one whose bounce slot we marked: it was done already). */
+  if (!is_send && !marked && o->db_peers && status != -ECANCELED && (len > o->inject_len || status))
     db_ring_if_sleeping(o, peer);
   op->done(op, status, len);
 }
