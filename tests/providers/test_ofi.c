@@ -697,11 +697,14 @@ Test(ofi, post_before_add_peers_is_refused) {
  * receives short under load: a CI failure of two_processes_sleeping). The
  * endpoint's socket asks for 4 MiB (the kernel grants up to rmem_max,
  * doubled) and the window holds four peers' worth of 8 KiB packets in it. */
+/* Older kernels hide net.core in a network namespace other than the
+ * first: then, as the library does, Linux's default. */
 static long sysctl_long(const char *path) {
   FILE *f = fopen(path, "r");
-  long v = -1;
+  long v = 212992;
 
-  cr_assert_not_null(f, "%s", path);
+  if (!f)
+    return v;
   cr_assert_eq(fscanf(f, "%ld", &v), 1);
   fclose(f);
   return v;
