@@ -696,7 +696,8 @@ Test(ofi, post_before_add_peers_is_refused) {
  * dropped and resent by the thousand (and rxd 1.17 then completed large
  * receives short under load: a CI failure of two_processes_sleeping). The
  * endpoint's socket asks for 4 MiB (the kernel grants up to rmem_max,
- * doubled) and the window holds four peers' worth of 8 KiB packets in it. */
+ * doubled) and the window holds four peers' worth of 8 KiB packets in it,
+ * and is no more than 16 (rxd stalled with 128 under load). */
 /* Older kernels hide net.core in a network namespace other than the
  * first: then, as the library does, Linux's default. */
 static long sysctl_long(const char *path) {
@@ -753,7 +754,7 @@ Test(ofi_udp, window_fits_the_socket_buffer) {
   const char *w = getenv("FI_OFI_RXD_MAX_UNACKED");
   cr_assert_not_null(w, "the rxd window is left at its default");
   long window = atol(w);
-  cr_assert(window >= 8 && window <= 128, "window %ld", window);
+  cr_assert(window >= 8 && window <= 16, "window %ld", window);
   cr_assert_leq(window * 8192 * 4, (long)got > 8 * 8192 * 4 ? (long)got : 8 * 8192 * 4,
                 "window %ld does not fit 4 peers in %d bytes", window, got);
   cr_log_info("udp: socket buffer %d bytes (rmem_max %ld), rxd window %ld packets", got, max,
