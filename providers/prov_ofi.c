@@ -1213,13 +1213,12 @@ static int ofi_bounce_take(struct ofi_ep *o) {
                         ? atomic_exchange_explicit(w, 0, memory_order_acquire)
                         : 0;
 
-    /* bits of slots not out to this peer would be another's mistake */
+    uint32_t mine = 0; /* the slots out to this peer: only those can it mark */
     for (uint32_t m = out; m; m &= m - 1)
       if (o->bounce_to[__builtin_ctz(m)] == peer)
-        out &= ~(m & -m);
-      else
-        done &= ~(m & -m);
-    done &= o->bounce_out;
+        mine |= m & -m;
+    out &= ~mine;
+    done &= mine;
     o->bounce_out &= ~done;
     o->bounce_free |= done;
   }
