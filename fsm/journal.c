@@ -29,7 +29,6 @@
 #define FSM_JOURNAL_DEFAULT_CAP 65536
 #define FSM_JOURNAL_MAX_CAP (1u << 26)
 #define FSM_MACHINES_MAX 0xfffe
-#define FSM_JOURNAL_HUGE ((size_t)2 << 20)          /* a transparent huge page */
 #define FSM_JOURNAL_PREFAULT_MAX ((size_t)64 << 20) /* touched at allocation */
 
 #define JSEQ_DONE(n) (((uint64_t)(n) + 1) << 1)
@@ -77,37 +76,34 @@ static size_t fsm_jround(size_t capacity) {
  * in as records arrive, its first lap took a page fault every 128 records on
  * the calls' own path: 10 us each on a virtual machine with page-table
  * isolation (measured), 2 us a call for a 2-rank 32 KiB allreduce until the
- * default ring wrapped, some 4700 calls in. A ring of 2 MiB or more is
- * aligned and asked for transparent huge pages: one fault per 2 MiB where
- * the kernel grants them. Past FSM_JOURNAL_PREFAULT_MAX the rest faults in
- * as it is used.
+ * default ring wrapped, some 4700 calls in. Past FSM_JOURNAL_PREFAULT_MAX
+ * the rest faults in as it is used.
+ *
+ * The ring does not ask for transparent huge pages. It did (one fault per
+ * 2 MiB at start-up), and on the development machine, whose kernel samples
+ * physical memory every 500 ms for a pageout scheme (DAMON), every rank of a
+ * job then stalled together, about twice a second, for 50 to 170 ms: 8 ranks
+ * on 2 cores, 64 MiB allgathers of some 40 ms, 20 calls a run, 3 runs each:
+ * the slowest call 176, 212, 159 ms with the advice and 82, 82, 69 without;
+ * with a 1 MiB ring, never advised, none either. The ring is written in
+ * order, so 4 KiB pages cost a TLB miss every 128 records, nothing to weigh
+ * against that.
  */
 static struct fsm_journal *fsm_jalloc(size_t cap) {
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   size_t bytes = sizeof(struct fsm_journal) + cap * sizeof(struct fsm_jslot);
   size_t len = (bytes + page - 1) & ~(page - 1);
-  size_t extra = len >= FSM_JOURNAL_HUGE ? FSM_JOURNAL_HUGE : 0;
-  uint8_t *map =
-      mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  uint8_t *base;
+  uint8_t *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   struct fsm_journal *j;
 
-  if (map == MAP_FAILED)
+  if (base == MAP_FAILED)
     return NULL;
-  base = map;
-  if (extra) {
-    base =
-        (uint8_t *)(((uintptr_t)map + FSM_JOURNAL_HUGE - 1) & ~(uintptr_t)(FSM_JOURNAL_HUGE - 1));
-#ifdef MADV_HUGEPAGE
-    (void)madvise(base, len & ~(FSM_JOURNAL_HUGE - 1), MADV_HUGEPAGE); /* advice only */
-#endif
-  }
   for (size_t off = 0; off < len && off < FSM_JOURNAL_PREFAULT_MAX; off += page)
     ((volatile uint8_t *)base)[off] = 0;
   j = (struct fsm_journal *)base;
   j->mask = cap - 1;
-  j->map = map;
-  j->map_len = len + extra;
+  j->map = base;
+  j->map_len = len;
   return j;
 }
 

@@ -535,6 +535,32 @@ Test(journal, first_lap_takes_no_page_faults) {
                after.ru_minflt - before.ru_minflt);
 }
 
+/* Nor does it ask for transparent huge pages: on the development machine,
+ * whose kernel samples physical memory for a pageout scheme (DAMON), ranks
+ * holding such a ring stalled together for 50-170 ms twice a second
+ * (fsm/journal.c). No mapping of this process may carry the advice
+ * (smaps' VmFlags "hg"): the ring is the only thing here that gave it. */
+Test(journal, ring_asks_for_no_huge_pages) {
+  fsm_record_t r = rec_n(1);
+  char line[512];
+  int vmas = 0, advised = 0;
+
+  fsm_journal_configure(65536); /* 2 MiB of slots: the size that asked */
+  fsm_journal_append(&r);
+  FILE *f = fopen("/proc/self/smaps", "r");
+  cr_assert_not_null(f, "/proc/self/smaps: %s", strerror(errno));
+  while (fgets(line, sizeof(line), f)) {
+    if (strncmp(line, "VmFlags:", 8))
+      continue;
+    vmas++;
+    if (strstr(line, " hg"))
+      advised++;
+  }
+  fclose(f);
+  cr_assert_gt(vmas, 0, "no VmFlags lines read");
+  cr_assert_eq(advised, 0, "%d mappings asked for huge pages", advised);
+}
+
 Test(journal, disabled_appends_nothing) {
   struct step st = {.deps = 1};
   fsm_event_t ev = ev_of(EV_DEP_DONE, 0);
