@@ -44,6 +44,7 @@ typedef struct select_ctx {
   /* bytes of a peer's cache a rank may read from (0: its data crosses a
    * wire anyway); see cost_allreduce */
   double peer_cache;
+  int per_core; /* ranks sharing a core (select_share_cores; 0 or 1: none) */
   bool deterministic;
   select_rule_t *rules; /* from CHORUS_ALGO, in the order given */
   size_t nrules;

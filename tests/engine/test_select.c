@@ -218,6 +218,34 @@ Test(select, shared_cores_move_the_allreduce_switch) {
   select_fini(&s);
 }
 
+/* A large broadcast: a pipelined chain when every rank has a core, a tree
+ * when 8 ranks share 2: its first rounds copy once and twice, leaving cores
+ * the chain would have kept busy only by taking turns (64 MiB, a barrier
+ * before each call: tree 41-43 ms, chain 65-73). The tree's price with
+ * shared cores: 1, 1 and 2 unscaled copies of the vector in its three rounds. */
+Test(select, shared_cores_give_a_large_bcast_to_the_tree) {
+  select_ctx_t s;
+  char err[256], why[256];
+  cr_assert_eq(select_init(&s, NULL, false, err, sizeof(err)), 0);
+  algo_args_t a = shape(COLL_BCAST, 8, 64 << 20, NULL);
+  a.chunk_bytes = 4 << 20;
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "chain", "%s", why);
+  const algo_desc_t *tree = algo_find(COLL_BCAST, "tree");
+  double N = 64.0 * (1 << 20), beta = s.intra.beta;
+  cr_assert_float_eq(select_cost(&s, tree, &a), 3 * (s.intra.alpha + N * beta), 1e-12);
+
+  select_share_cores(&s, 4);
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "tree", "%s", why);
+  double want = 3 * s.intra.alpha + 4 * N * beta;
+  cr_assert_float_eq(select_cost(&s, tree, &a), want, want * 1e-9);
+  /* and so at 2 MiB and 32 KiB */
+  a = shape(COLL_BCAST, 8, 2 << 20, NULL);
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "tree", "%s", why);
+  a = shape(COLL_BCAST, 8, 32 << 10, NULL);
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "tree", "%s", why);
+  select_fini(&s);
+}
+
 Test(select, hierarchical_for_many_hosts) {
   select_ctx_t s;
   char err[256], why[256];
