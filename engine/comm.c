@@ -355,8 +355,9 @@ static size_t start_commands(chorus_comm_t *c) {
   return n;
 }
 
-/* One round of progress: transport, new commands, runs. Under prog_lock. */
-static size_t progress_round(chorus_comm_t *c) {
+/* One round of progress: transport (unless `transport` is false), new
+ * commands, runs. Under prog_lock. */
+static size_t progress_round(chorus_comm_t *c, bool transport) {
   prov_t *p = c->prov;
   size_t n = 0;
   uint64_t stall = atomic_load_explicit(&c->stall_until_ns, memory_order_relaxed);
@@ -393,7 +394,15 @@ static size_t progress_round(chorus_comm_t *c) {
       }
     }
   }
-  int pc = p->ops->progress(p);
+  if (atomic_load_explicit(&c->cmd_pending, memory_order_acquire)) {
+    /* New runs post their first sends before the transport is polled: a
+     * blocking call's first round used to poll it (epoll_wait over sock, a
+     * system call of 1-2 us here) before its sends went out, for news the
+     * round after them finds as well. */
+    n += start_commands(c);
+    n += exec_drive(&c->ex);
+  }
+  int pc = transport ? p->ops->progress(p) : 0;
 
   if (pc > 0) {
     n += (size_t)pc;
@@ -410,8 +419,8 @@ static size_t progress_round(chorus_comm_t *c) {
 
 /* One round of progress (progress_round), time stamps held at its start
  * (fsm_clock_hold). */
-static size_t progress_once(chorus_comm_t *c) {
-  size_t n = progress_round(c);
+static size_t progress_once(chorus_comm_t *c, bool transport) {
+  size_t n = progress_round(c, transport);
   fsm_clock_release();
   return n;
 }
@@ -437,7 +446,7 @@ bool idle_clock_over(idle_clock_t *ic, uint64_t now, uint64_t limit) {
 }
 
 static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns,
-                              unsigned max_rounds) {
+                              unsigned max_rounds, bool start_only) {
   idle_clock_t idle = {0};
   unsigned spins = 0, rounds = 0;
 
@@ -451,7 +460,7 @@ static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
         c->armed = false;
       }
       while (!atomic_load_explicit(flag, memory_order_acquire)) {
-        size_t n = progress_once(c);
+        size_t n = progress_once(c, !start_only);
         if (max_rounds && ++rounds >= max_rounds)
           break;
         if (n) {
@@ -477,7 +486,8 @@ static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
            * costs system calls on every call, and nobody needs waking
            * until the application calls again; the sleeper's idle timer
            * re-arms it anyway). */
-          p->ops->progress(p); /* flush what the transport still owes peers */
+          /* flush what the transport still owes peers */
+          (void)(p->ops->flush ? p->ops->flush(p) : p->ops->progress(p));
         } else if (atomic_load(&c->aside)) {
           atomic_store(&c->handoff, 1); /* comm_drive wakes it when the last driver is out */
         } else if (quiet && (c->armed || p->ops->arm(p) == 0)) {
@@ -500,15 +510,20 @@ static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
   }
 }
 
-void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds) {
+static void comm_drive_as(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds,
+                          bool start_only) {
   atomic_fetch_add(&c->drivers, 1);
-  comm_drive_locked(c, flag, idle_ns, max_rounds);
+  comm_drive_locked(c, flag, idle_ns, max_rounds, start_only);
   /* The last driver out wakes a progress thread that stepped aside if work
    * is left for it: this request, still open (the caller is about to sleep
    * on it), or what a driver left in flight (`handoff`). */
   if (atomic_fetch_sub(&c->drivers, 1) == 1 && atomic_load(&c->aside) &&
       (atomic_exchange(&c->handoff, 0) || !atomic_load_explicit(flag, memory_order_acquire)))
     progress_kick(c);
+}
+
+void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds) {
+  comm_drive_as(c, flag, idle_ns, max_rounds, false);
 }
 
 /* Sleep on the event base (the fds added to it, the timer at tv) without
@@ -561,7 +576,7 @@ static void *progress_main(void *arg) {
       idle_since = 0;
       continue;
     }
-    size_t n = progress_once(c);
+    size_t n = progress_once(c, true);
     if (n) {
       idle_since = 0;
       backoff_us = 16;
@@ -1194,8 +1209,11 @@ void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake) {
    * is not woken (a wake-up and a switch to it cost ~20 us of a 2-rank
    * exchange on shm), only armed to wake when the transport has news. When
    * the engine is busy, its holder starts it; a sleeper is woken all the
-   * same when the request is still queued. */
-  comm_drive(c, &req->done, 0, 1);
+   * same when the request is still queued. That round leaves the transport
+   * alone: the caller who waits polls it next, and a poll here, before the
+   * run's first sends, cost a system call a call (epoll_wait over sock) for
+   * news that the next round finds as well. */
+  comm_drive_as(c, &req->done, 0, 1, true);
   if (atomic_load(&c->cmd_pending))
     progress_wake(c);
 }

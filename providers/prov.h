@@ -178,6 +178,10 @@ typedef struct prov_ops {
    * (shm: their region in /dev/shm, which a killed process can not
    * unlink). Returns how many were removed. NULL: nothing to do. */
   int (*reap)(prov_t *p);
+  /* Sends what the endpoint still owes peers (queued protocol messages)
+   * when nothing of the caller's is in flight, without looking for news
+   * from them. Returns completions delivered or <0. NULL: progress does it. */
+  int (*flush)(prov_t *p);
 } prov_ops_t;
 
 struct prov {

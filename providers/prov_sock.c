@@ -771,6 +771,10 @@ static bool stage_parse(struct sock_ep *e, struct sock_conn *c) {
 static void conn_read(struct sock_ep *e, struct sock_conn *c) {
   unsigned char scratch[4096];
   size_t budget = SOCK_READ_BUDGET;
+  /* A read that returned less than it asked for emptied the socket: the next
+   * one would only say EAGAIN, a system call for nothing (one a message, some
+   * 1-2 us here). What arrives later makes the fd readable again. */
+  bool drained = false;
 
   if (!c->stage && !(c->stage = malloc(SOCK_STAGE))) {
     conn_fail(e, c, ENOMEM, false);
@@ -779,7 +783,7 @@ static void conn_read(struct sock_ep *e, struct sock_conn *c) {
   while (c->state == C_UP && budget) {
     ssize_t n;
 
-    if (!stage_parse(e, c))
+    if (!stage_parse(e, c) || drained)
       return;
     if (c->in_body && c->rx_left >= SOCK_DIRECT_MIN && c->st_pos == c->st_end) {
       /* read the payload where it belongs */
@@ -791,6 +795,7 @@ static void conn_read(struct sock_ep *e, struct sock_conn *c) {
         want = sizeof(scratch);
       n = recv(c->fe.fd, dst, want, MSG_DONTWAIT);
       if (n > 0) {
+        drained = (size_t)n < want;
         budget = (size_t)n < budget ? budget - (size_t)n : 0;
         c->rx_left -= (size_t)n;
         if (c->rx_umsg)
@@ -810,6 +815,7 @@ static void conn_read(struct sock_ep *e, struct sock_conn *c) {
       }
       n = recv(c->fe.fd, c->stage + c->st_end, SOCK_STAGE - c->st_end, MSG_DONTWAIT);
       if (n > 0) {
+        drained = (size_t)n < SOCK_STAGE - c->st_end;
         budget = (size_t)n < budget ? budget - (size_t)n : 0;
         c->st_end += (size_t)n;
         continue; /* parsed at the top */
@@ -1383,6 +1389,22 @@ static int sock_progress(prov_t *p) {
   return e->cq ? cq_deliver(e) : 0;
 }
 
+/* Nothing of the caller's in flight: write what the queues hold (a CTS, a
+ * hello) and leave the sockets unpolled. A poll here cost every blocking
+ * call an epoll_wait (1-2 us here) that found nothing: what peers send
+ * meanwhile waits in the kernel for the next call, or wakes a sleeper. */
+static int sock_flush(prov_t *p) {
+  struct sock_ep *e = to_sock(p);
+
+  for (int i = 0; i < e->nranks; i++) {
+    struct sock_conn *c = &e->conns[i];
+
+    if (c->txq || c->hello_due)
+      conn_flush(e, c);
+  }
+  return e->cq ? cq_deliver(e) : 0;
+}
+
 static int sock_wait_fd(prov_t *p) {
   return to_sock(p)->epfd;
 }
@@ -1451,4 +1473,5 @@ const prov_ops_t prov_sock_ops = {
     .disarm = sock_disarm,
     .max_posted = sock_max_posted,
     .close = sock_close,
+    .flush = sock_flush,
 };
