@@ -355,8 +355,10 @@ static size_t start_commands(chorus_comm_t *c) {
   return n;
 }
 
-/* One round of progress: transport (unless `transport` is false), new
- * commands, runs. Under prog_lock. */
+/* One round of progress: new commands' first sends, transport, new
+ * commands, runs. Under prog_lock. With `transport` false the transport is
+ * only flushed (prov_ops_t.flush: what it owes peers, completions it holds)
+ * where it can be, not polled for news. */
 static size_t progress_round(chorus_comm_t *c, bool transport) {
   prov_t *p = c->prov;
   size_t n = 0;
@@ -402,7 +404,7 @@ static size_t progress_round(chorus_comm_t *c, bool transport) {
     n += start_commands(c);
     n += exec_drive(&c->ex);
   }
-  int pc = transport ? p->ops->progress(p) : 0;
+  int pc = transport || !p->ops->flush ? p->ops->progress(p) : p->ops->flush(p);
 
   if (pc > 0) {
     n += (size_t)pc;
@@ -1209,10 +1211,9 @@ void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake) {
    * is not woken (a wake-up and a switch to it cost ~20 us of a 2-rank
    * exchange on shm), only armed to wake when the transport has news. When
    * the engine is busy, its holder starts it; a sleeper is woken all the
-   * same when the request is still queued. That round leaves the transport
-   * alone: the caller who waits polls it next, and a poll here, before the
-   * run's first sends, cost a system call a call (epoll_wait over sock) for
-   * news that the next round finds as well. */
+   * same when the request is still queued. That round only flushes the
+   * transport where it can (sock: completions of sends that went out at
+   * once, no epoll_wait): the caller who waits polls it next. */
   comm_drive_as(c, &req->done, 0, 1, true);
   if (atomic_load(&c->cmd_pending))
     progress_wake(c);

@@ -178,9 +178,11 @@ typedef struct prov_ops {
    * (shm: their region in /dev/shm, which a killed process can not
    * unlink). Returns how many were removed. NULL: nothing to do. */
   int (*reap)(prov_t *p);
-  /* Sends what the endpoint still owes peers (queued protocol messages)
-   * when nothing of the caller's is in flight, without looking for news
-   * from them. Returns completions delivered or <0. NULL: progress does it. */
+  /* Sends what the endpoint still owes peers (queued messages) and delivers
+   * the completions it holds, without looking for news from them (no
+   * system call when nothing is queued): for a round that starts new work
+   * or ends with none in flight. Returns completions delivered or <0.
+   * NULL: progress does it. */
   int (*flush)(prov_t *p);
 } prov_ops_t;
 

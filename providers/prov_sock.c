@@ -1389,10 +1389,12 @@ static int sock_progress(prov_t *p) {
   return e->cq ? cq_deliver(e) : 0;
 }
 
-/* Nothing of the caller's in flight: write what the queues hold (a CTS, a
- * hello) and leave the sockets unpolled. A poll here cost every blocking
- * call an epoll_wait (1-2 us here) that found nothing: what peers send
- * meanwhile waits in the kernel for the next call, or wakes a sleeper. */
+/* Write what the queues hold (a CTS, a hello), deliver the completions
+ * held (sends that went out at once), and leave the sockets unpolled: at
+ * the end of a call, with nothing of the caller's in flight, a poll cost
+ * every blocking call an epoll_wait (1-2 us here) that found nothing; what
+ * peers send meanwhile waits in the kernel for the next call, or wakes a
+ * sleeper. */
 static int sock_flush(prov_t *p) {
   struct sock_ep *e = to_sock(p);
 
