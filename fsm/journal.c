@@ -40,10 +40,9 @@ struct fsm_jslot {
 };
 
 struct fsm_journal {
-  uint64_t mask; /* capacity - 1 */
-  void *map;     /* the mapping holding this (see fsm_jalloc) */
-  size_t map_len;
-  uint8_t pad[40]; /* slots start on a cache line: none straddles two */
+  uint64_t mask;   /* capacity - 1 */
+  size_t map_len;  /* bytes of the mapping, which starts here (fsm_jalloc) */
+  uint8_t pad[48]; /* slots start on a cache line: none straddles two */
   struct fsm_jslot slot[];
 };
 _Static_assert(offsetof(struct fsm_journal, slot) % 64 == 0, "slots on cache lines");
@@ -102,14 +101,13 @@ static struct fsm_journal *fsm_jalloc(size_t cap) {
     ((volatile uint8_t *)base)[off] = 0;
   j = (struct fsm_journal *)base;
   j->mask = cap - 1;
-  j->map = base;
   j->map_len = len;
   return j;
 }
 
 static void fsm_jfree(struct fsm_journal *j) {
   if (j)
-    munmap(j->map, j->map_len);
+    munmap(j, j->map_len);
 }
 
 static struct fsm_journal *fsm_jget(void) {
