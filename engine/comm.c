@@ -355,6 +355,12 @@ static size_t start_commands(chorus_comm_t *c) {
   return n;
 }
 
+/* What the transport owes peers, sent without polling it where the
+ * provider can (prov_ops_t.flush), else a round of its progress. */
+static int transport_flush(prov_t *p) {
+  return p->ops->flush ? p->ops->flush(p) : p->ops->progress(p);
+}
+
 /* One round of progress: new commands' first sends, transport, new
  * commands, runs. Under prog_lock. With `transport` false the transport is
  * only flushed (prov_ops_t.flush: what it owes peers, completions it holds)
@@ -404,7 +410,7 @@ static size_t progress_round(chorus_comm_t *c, bool transport) {
     n += start_commands(c);
     n += exec_drive(&c->ex);
   }
-  int pc = transport || !p->ops->flush ? p->ops->progress(p) : p->ops->flush(p);
+  int pc = transport ? p->ops->progress(p) : transport_flush(p);
 
   if (pc > 0) {
     n += (size_t)pc;
@@ -489,7 +495,7 @@ static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
            * until the application calls again; the sleeper's idle timer
            * re-arms it anyway). */
           /* flush what the transport still owes peers */
-          (void)(p->ops->flush ? p->ops->flush(p) : p->ops->progress(p));
+          (void)transport_flush(p);
         } else if (atomic_load(&c->aside)) {
           atomic_store(&c->handoff, 1); /* comm_drive wakes it when the last driver is out */
         } else if (quiet && (c->armed || p->ops->arm(p) == 0)) {
