@@ -81,9 +81,10 @@ static size_t fsm_jround(size_t capacity) {
  * The ring does not ask for transparent huge pages. It did (one fault per
  * 2 MiB at start-up), and on the development machine, whose kernel samples
  * physical memory every 500 ms for a pageout scheme (DAMON), every rank of a
- * job then stalled together, about twice a second, for 50 to 170 ms: 8 ranks
- * on 2 cores, 64 MiB allgathers of some 40 ms, 20 calls a run, 3 runs each:
- * the slowest call 176, 212, 159 ms with the advice and 82, 82, 69 without;
+ * job then stalled together, about twice a second: 8 ranks on 2 cores, 64
+ * MiB allgathers of 36-42 ms timed one by one, pairs of 134-474 ms about
+ * ten calls apart; 20 calls a run, 3 runs each: the slowest call 176, 212,
+ * 159 ms with the advice and 82, 82, 69 without;
  * with a 1 MiB ring, never advised, none either. The ring is written in
  * order, so 4 KiB pages cost a TLB miss every 128 records, nothing to weigh
  * against that.

@@ -537,7 +537,7 @@ Test(journal, first_lap_takes_no_page_faults) {
 
 /* Nor does it ask for transparent huge pages: on the development machine,
  * whose kernel samples physical memory for a pageout scheme (DAMON), ranks
- * holding such a ring stalled together for 50-170 ms twice a second
+ * holding such a ring stalled together, twice a second, for up to 474 ms
  * (fsm/journal.c). No mapping of this process may carry the advice
  * (smaps' VmFlags "hg"): the ring is the only thing here that gave it. */
 Test(journal, ring_asks_for_no_huge_pages) {
