@@ -860,10 +860,16 @@ Test(fault, close_runs_every_callback_once) {
 }
 
 Test(fault, sleeps_until_a_delayed_send_is_due) {
-  pt_op_t s, r, *send[1] = {&s}, *recv[1] = {&r};
-  int out = 3, in = 0, lost = 0, fd;
+  /* static: the teardown's close completes what a failed assertion left
+   * posted, and these must outlive the test's frame for that */
+  static pt_op_t s, r, s2, r3, s4;
+  static int out, in;
+  pt_op_t *send[1] = {&s}, *recv[1] = {&r};
+  int lost = 0, fd;
   double t0;
 
+  out = 3;
+  in = 0;
   open_faulty("delay:ms=40,p=1", 2);
   fd = eps[0]->ops->wait_fd(eps[0]);
   cr_assert_geq(fd, 0);
@@ -883,7 +889,6 @@ Test(fault, sleeps_until_a_delayed_send_is_due) {
   cr_assert_eq(in, 3);
 
   /* a send that is due: arm says so */
-  pt_op_t s2;
   op_with(&s2, &out);
   cr_assert_eq(eps[0]->ops->post_send(eps[0], 1, &out, sizeof(int), 5, &s2.op), 0);
   struct timespec nap = {0, 50 * 1000 * 1000};
@@ -892,7 +897,7 @@ Test(fault, sleeps_until_a_delayed_send_is_due) {
 
   /* a stalled endpoint sleeps until the stall is over, deaf to its child
    * (which has a completion for it: s2 arrives into r3) */
-  pt_op_t r3, s4, *rest[2] = {&r3, &s4};
+  pt_op_t *rest[2] = {&r3, &s4};
   op_with(&r3, &in);
   op_with(&s4, &out);
   in = 0;
@@ -900,13 +905,15 @@ Test(fault, sleeps_until_a_delayed_send_is_due) {
   for (double end = pt_now_ms() + 60; pt_now_ms() < end;)
     eps[0]->ops->progress(eps[0]);
   cr_assert_eq(s2.calls, 1);
-  cr_assert_eq(prov_fault_stall(eps[1], 0.1), 0);
+  /* t0 before the stall starts: the stall's 100 ms count from the call, and
+   * a scheduler pause between the two would shorten what t0 sees */
   t0 = pt_now_ms();
+  cr_assert_eq(prov_fault_stall(eps[1], 0.1), 0);
   cr_assert_eq(eps[1]->ops->post_send(eps[1], 0, &out, sizeof(int), 7, &s4.op), 0);
   cr_assert_eq(eps[1]->ops->arm(eps[1]), 0, "a stalled endpoint sleeps");
   cr_assert_eq(pt_poll_fd(eps[1], 0), 0, "woken while stalled");
   cr_assert_eq(pt_poll_fd(eps[1], 2000), 1, "not woken when the stall ended");
-  cr_assert_geq(pt_now_ms() - t0, 99.0);
+  cr_assert_geq(pt_now_ms() - t0, 100.0);
   eps[1]->ops->disarm(eps[1]);
   cr_assert(pt_sleepy_drive(eps[1], rest, 2, 5000, 2000, &lost));
   cr_assert_eq(lost, 0);
