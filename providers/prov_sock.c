@@ -72,6 +72,7 @@
 #define SOCK_STAGE (64 * 1024) /* staging buffer per connection */
 #define SOCK_DIRECT_MIN 8192   /* payload left above this is read in place */
 #define SOCK_EVENTS 64
+#define SOCK_TX_IOV 16 /* iovec entries one sendmsg writes (queued messages, 2 each) */
 /* A connection stops being read while its unexpected messages hold this
  * much and nothing is posted with its peer (TCP then holds the sender). */
 #define SOCK_UNEXP_MAX (4u << 20)
@@ -171,6 +172,8 @@ struct sock_conn {
   bool hello_due;
   struct sock_req *txq, *txq_tail;
   size_t tx_off; /* bytes of the head (header + payload) written */
+  bool tx_hold;  /* being read: tx_urgent queues, conn_read writes */
+  bool tx_held;  /* tx_urgent queued while tx_hold */
   /* rx */
   struct sock_req *posted, *posted_tail;   /* receives from this peer, FIFO */
   struct sock_umsg *unexp, *unexp_tail;    /* arrived first, FIFO */
@@ -440,7 +443,33 @@ static ssize_t tx_send(struct sock_ep *e, struct sock_conn *c, struct iovec *iov
   return -1;
 }
 
-/* Writes what c's queue holds until the kernel takes no more. */
+/* Bytes of r on the wire: its header and, for EAGER and DATA, its payload. */
+static size_t tx_total(const struct sock_req *r) {
+  return sizeof(r->hdr) + (r->hdr.type == H_EAGER || r->hdr.type == H_DATA ? r->len : 0);
+}
+
+/* r is all written: it leaves c's queue (the head) and goes where it waits
+ * next. */
+static void tx_done(struct sock_ep *e, struct sock_conn *c, struct sock_req *r) {
+  c->tx_off = 0;
+  c->txq = r->next;
+  if (!c->txq)
+    c->txq_tail = NULL;
+  if (r->ctl) {
+    free(r);
+  } else if (r->hdr.type == H_RTS) {
+    r->where = W_RNDV_TX;
+    list_push(&c->rndv_tx, &c->rndv_tx_tail, r);
+    conn_resume(e, c); /* its CTS must be read */
+  } else {
+    cq_push(e, r, 0, r->len);
+  }
+}
+
+/* Writes what c's queue holds until the kernel takes no more: as many
+ * queued messages as SOCK_TX_IOV entries hold go in one sendmsg (a
+ * receiver's CTSs for several RTSs, a stream of small eager sends), the
+ * head from where it was left. */
 static void conn_flush(struct sock_ep *e, struct sock_conn *c) {
   if (c->state != C_UP)
     return;
@@ -455,42 +484,30 @@ static void conn_flush(struct sock_ep *e, struct sock_conn *c) {
       c->hello_due = false;
   }
   while (c->txq) {
-    struct sock_req *r = c->txq;
-    struct iovec iov[2];
-    size_t niov, body = r->hdr.type == H_EAGER || r->hdr.type == H_DATA ? r->len : 0;
-    size_t total = sizeof(r->hdr) + body;
-    ssize_t n;
+    struct iovec iov[SOCK_TX_IOV];
+    size_t niov = 0, off = c->tx_off, n;
+    ssize_t w;
 
-    if (c->tx_off < sizeof(r->hdr)) {
-      iov[0].iov_base = (char *)&r->hdr + c->tx_off;
-      iov[0].iov_len = sizeof(r->hdr) - c->tx_off;
-      iov[1].iov_base = r->buf;
-      iov[1].iov_len = body;
-      niov = body ? 2 : 1;
-    } else {
-      iov[0].iov_base = r->buf + (c->tx_off - sizeof(r->hdr));
-      iov[0].iov_len = total - c->tx_off;
-      niov = 1;
+    for (struct sock_req *r = c->txq; r && niov + 2 <= SOCK_TX_IOV; r = r->next, off = 0) {
+      size_t total = tx_total(r), body = total - sizeof(r->hdr);
+
+      if (off < sizeof(r->hdr)) {
+        iov[niov++] = (struct iovec){(char *)&r->hdr + off, sizeof(r->hdr) - off};
+        if (body)
+          iov[niov++] = (struct iovec){r->buf, body};
+      } else {
+        iov[niov++] = (struct iovec){r->buf + (off - sizeof(r->hdr)), total - off};
+      }
     }
-    n = tx_send(e, c, iov, niov);
-    if (n < 0)
+    w = tx_send(e, c, iov, niov);
+    if (w < 0)
       return;
-    c->tx_off += (size_t)n;
-    if (c->tx_off < total)
-      continue;
-    c->tx_off = 0;
-    c->txq = r->next;
-    if (!c->txq)
-      c->txq_tail = NULL;
-    if (r->ctl) {
-      free(r);
-    } else if (r->hdr.type == H_RTS) {
-      r->where = W_RNDV_TX;
-      list_push(&c->rndv_tx, &c->rndv_tx_tail, r);
-      conn_resume(e, c); /* its CTS must be read */
-    } else {
-      cq_push(e, r, 0, r->len);
+    /* what was written completes messages from the head on */
+    for (n = (size_t)w; c->txq && n >= tx_total(c->txq) - c->tx_off;) {
+      n -= tx_total(c->txq) - c->tx_off;
+      tx_done(e, c, c->txq);
     }
+    c->tx_off += n;
   }
   conn_want_out(e, c, false);
 }
@@ -563,21 +580,30 @@ static void rx_finish(struct sock_ep *e, struct sock_conn *c) {
 }
 
 /* Queues r to go next on c: after the head when the head is partly on the
- * wire, else first (a CTS or a DATA should not wait behind other sends). */
+ * wire, and after the CTSs and DATAs queued before it (a CTS or a DATA
+ * should not wait behind other sends; among themselves they keep their
+ * order). Written at once, unless c is being read (tx_hold): conn_read
+ * writes what its headers queued together, before it reads again. */
 static void tx_urgent(struct sock_ep *e, struct sock_conn *c, struct sock_req *r) {
+  struct sock_req **at = &c->txq, *prev = NULL;
+
   r->where = W_TXQ;
-  if (!c->txq || c->tx_off == 0) {
-    r->next = c->txq;
-    c->txq = r;
-    if (!c->txq_tail)
-      c->txq_tail = r;
-  } else {
-    r->next = c->txq->next;
-    c->txq->next = r;
-    if (c->txq_tail == c->txq)
-      c->txq_tail = r;
+  if (*at && c->tx_off) {
+    prev = *at;
+    at = &prev->next;
   }
-  conn_flush(e, c);
+  while (*at && ((*at)->ctl || (*at)->hdr.type == H_DATA)) {
+    prev = *at;
+    at = &prev->next;
+  }
+  r->next = *at;
+  *at = r;
+  if (c->txq_tail == prev)
+    c->txq_tail = r;
+  if (c->tx_hold)
+    c->tx_held = true;
+  else
+    conn_flush(e, c);
 }
 
 /* A receive meets the RTS of its message: it will take the payload when
@@ -768,7 +794,17 @@ static bool stage_parse(struct sock_ep *e, struct sock_conn *c) {
   return c->state == C_UP && !conn_pause_if_full(e, c);
 }
 
-static void conn_read(struct sock_ep *e, struct sock_conn *c) {
+/* What the stage reads next when it is empty and body bytes of the current
+ * payload come through it first: when a receive waits for its DATA, no more
+ * than those and the next header (a DATA's payload then goes straight to
+ * its buffer, not through the stage); else all it holds. */
+static size_t stage_want(const struct sock_conn *c, size_t body) {
+  size_t upto = sizeof(struct sock_hdr) + body;
+
+  return c->rndv_rx && upto < SOCK_STAGE ? upto : SOCK_STAGE;
+}
+
+static void conn_read_some(struct sock_ep *e, struct sock_conn *c) {
   unsigned char scratch[4096];
   size_t budget = SOCK_READ_BUDGET;
   /* A read that returned less than it asked for emptied the socket: the next
@@ -780,32 +816,56 @@ static void conn_read(struct sock_ep *e, struct sock_conn *c) {
     conn_fail(e, c, ENOMEM, false);
     return;
   }
-  while (c->state == C_UP && budget) {
+  while (c->state == C_UP) {
     ssize_t n;
 
-    if (!stage_parse(e, c) || drained)
+    /* what the stage holds is parsed before any return: a read can bring
+     * the next header with a payload, and the socket may say nothing more
+     * (its sender waits for the CTS that header asks for) */
+    if (!stage_parse(e, c) || drained || !budget)
       return;
+    if (c->tx_held) {
+      /* the CTSs (and DATAs) the parsed headers queued, in one write */
+      c->tx_held = false;
+      conn_flush(e, c);
+      if (c->state != C_UP)
+        return;
+    }
     if (c->in_body && c->rx_left >= SOCK_DIRECT_MIN && c->st_pos == c->st_end) {
-      /* read the payload where it belongs */
+      /* read the payload where it belongs; where that is the rest of the
+       * message, what follows it (the next header) comes into the stage in
+       * the same call */
       size_t done = (c->rx_umsg ? c->rx_umsg->len : c->rx_req->msg_len) - c->rx_left;
       unsigned char *dst = done < c->rx_keep ? c->rx_dst + done : scratch;
       size_t want = done < c->rx_keep ? c->rx_keep - done : c->rx_left;
+      struct iovec iov[2];
+      int niov = 1;
 
       if (dst == scratch && want > sizeof(scratch))
         want = sizeof(scratch);
-      n = recv(c->fe.fd, dst, want, MSG_DONTWAIT);
+      iov[0] = (struct iovec){dst, want};
+      c->st_pos = c->st_end = 0;
+      if (want == c->rx_left) {
+        iov[1] = (struct iovec){c->stage, stage_want(c, 0)};
+        niov = 2;
+      }
+      n = readv(c->fe.fd, iov, niov);
       if (n > 0) {
-        drained = (size_t)n < want;
+        size_t body = (size_t)n < want ? (size_t)n : want;
+
+        drained = (size_t)n < want + (niov == 2 ? iov[1].iov_len : 0);
         budget = (size_t)n < budget ? budget - (size_t)n : 0;
-        c->rx_left -= (size_t)n;
+        c->rx_left -= body;
         if (c->rx_umsg)
-          c->rx_umsg->got += (size_t)n;
+          c->rx_umsg->got += body;
+        c->st_end = (size_t)n - body;
         if (!c->rx_left)
           rx_finish(e, c);
-
         continue;
       }
     } else {
+      size_t room;
+
       if (c->st_pos == c->st_end)
         c->st_pos = c->st_end = 0;
       else if (c->st_pos && SOCK_STAGE - c->st_end < sizeof(struct sock_hdr)) {
@@ -813,9 +873,10 @@ static void conn_read(struct sock_ep *e, struct sock_conn *c) {
         c->st_end -= c->st_pos;
         c->st_pos = 0;
       }
-      n = recv(c->fe.fd, c->stage + c->st_end, SOCK_STAGE - c->st_end, MSG_DONTWAIT);
+      room = c->st_end == 0 ? stage_want(c, c->in_body ? c->rx_left : 0) : SOCK_STAGE - c->st_end;
+      n = recv(c->fe.fd, c->stage + c->st_end, room, MSG_DONTWAIT);
       if (n > 0) {
-        drained = (size_t)n < SOCK_STAGE - c->st_end;
+        drained = (size_t)n < room;
         budget = (size_t)n < budget ? budget - (size_t)n : 0;
         c->st_end += (size_t)n;
         continue; /* parsed at the top */
@@ -837,6 +898,19 @@ static void conn_read(struct sock_ep *e, struct sock_conn *c) {
     if (errno != EAGAIN && errno != EWOULDBLOCK)
       conn_fail(e, c, errno, false);
     return;
+  }
+}
+
+/* Reads what c's socket holds (up to SOCK_READ_BUDGET) and acts on it; what
+ * its headers ask to send (CTSs, DATAs) goes out together, before each read
+ * and at the end. */
+static void conn_read(struct sock_ep *e, struct sock_conn *c) {
+  c->tx_hold = true;
+  conn_read_some(e, c);
+  c->tx_hold = false;
+  if (c->tx_held) {
+    c->tx_held = false;
+    conn_flush(e, c);
   }
 }
 
