@@ -25,14 +25,20 @@
  *               queue was empty (sendmsg of header + payload, nonblocking);
  *               done when the kernel has taken the last byte (a rendezvous
  *               send: of its DATA). A CTS or DATA goes ahead of sends not
- *               yet begun.
+ *               yet begun (in their own order). One sendmsg writes as many
+ *               queued messages as SOCK_TX_IOV holds; what the headers of
+ *               one read ask for (CTSs, DATAs) is written together before
+ *               the next read.
  *   receiving   headers are read into a staging buffer; a header is matched
  *               (source, tag, FIFO) against the posted receives: the payload
  *               goes straight into the receive's buffer (large remainders
- *               read there directly), else into an unexpected message (past
- *               4 KiB a pooled 64 KiB buffer) that a later post_recv copies
- *               out. While those hold 4 MiB and nothing is posted with the
- *               peer, its connection is not read: TCP holds the sender.
+ *               read there directly, with the next header in the same
+ *               readv; while a receive waits for its DATA the stage takes no
+ *               more than that header), else into an unexpected message
+ *               (past 4 KiB a pooled 64 KiB buffer) that a later post_recv
+ *               copies out. While those hold 4 MiB and nothing is posted
+ *               with the peer, its connection is not read: TCP holds the
+ *               sender.
  *   progress    epoll_wait(0) over the listener and the connections, then
  *               the completions, in order, on the caller's thread.
  *   waiting     wait_fd() is the epoll set itself: it is readable when a
