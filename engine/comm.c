@@ -319,9 +319,23 @@ static void request_exec_done(exec_t *ex, int status, void *arg) {
   request_complete(req, (chorus_result)status);
 }
 
+/* A failure (comm_fail) fails the runs it found in flight, once. Applied
+ * at the start of a round and again before new runs start: a recovery
+ * round (chorus_comm_shrink) is submitted once its caller has seen the
+ * failure, and a run it starts must not be failed by that failure's
+ * abort, which a round already under way when the failure came would
+ * otherwise apply only in the next round. */
+static void apply_abort(chorus_comm_t *c) {
+  if (atomic_load_explicit(&c->abort_pending, memory_order_acquire) &&
+      atomic_exchange(&c->abort_pending, 0))
+    exec_fail_all(&c->ex, atomic_load(&c->async_rc));
+}
+
 /* Start the runs of queued requests. */
 static size_t start_commands(chorus_comm_t *c) {
   size_t n = 0;
+
+  apply_abort(c);
 
   pthread_mutex_lock(&c->lock);
   chorus_request_t *head = c->cmd_head;
@@ -383,9 +397,7 @@ static size_t progress_round(chorus_comm_t *c, bool transport) {
   uint64_t now = fsm_clock_hold(); /* released by progress_once */
   if (c->ex.trace)
     atomic_store_explicit(&c->ckpt.progress_ns, now, memory_order_relaxed);
-  if (atomic_load_explicit(&c->abort_pending, memory_order_acquire) &&
-      atomic_exchange(&c->abort_pending, 0))
-    exec_fail_all(&c->ex, atomic_load(&c->async_rc));
+  apply_abort(c);
   if (c->parked) {
     chorus_result v = (chorus_result)atomic_load(&c->async_rc);
     if (v || now > c->parked_until) {
