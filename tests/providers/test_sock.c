@@ -270,18 +270,48 @@ Test(sock, rendezvous_both_ways_late_receives_fifo) {
 
 enum { TAG_NEVER = 0x10, TAG_BIG = 0x20, TAG_HELLO = 0x30, TAG_AFTER = 0x40 };
 
+/* A 2-rank job named job whose rank 1 is a child process: it opens its
+ * endpoint over its end of a socketpair and exits with what body(its
+ * endpoint, that socket, arg) returns (10: it could not open). The parent
+ * opens rank 0, eps[0], over the other end, which it returns. */
+static int fork_rank1(const char *job, int (*body)(prov_t *p, int sock, const void *arg),
+                      const void *arg) {
+  char err[256];
+  int sv[2];
+
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  fflush(NULL);
+  child = fork();
+  cr_assert_geq(child, 0);
+  if (child == 0) {
+    prov_t *p;
+
+    close(sv[0]);
+    if (pt_open_peer("sock", job, 1, sv[1], &p, err, sizeof(err))) {
+      fprintf(stderr, "child: open: %s\n", err);
+      _exit(10);
+    }
+    _exit(body(p, sv[1], arg));
+  }
+  close(sv[1]);
+  cr_assert_eq(pt_open_peer("sock", job, 0, sv[0], &eps[0], err, sizeof(err)), 0, "open: %s", err);
+  return sv[0];
+}
+
 /* Rank 1 in a child process: receives TAG_HELLO, then either leaves at once
  * without closing (hang false) or accepts the big message (its CTS goes
  * out), reads none of it, says so and waits to be killed. */
-static int dying_child(int sock, const char *job, bool hang, size_t big) {
-  pt_op_t r, rb, *one[1] = {&r};
-  char err[256], buf[64];
-  prov_t *p;
+struct dying_how {
+  bool hang;
+  size_t big;
+};
 
-  if (pt_open_peer("sock", job, 1, sock, &p, err, sizeof(err))) {
-    fprintf(stderr, "child: open: %s\n", err);
-    return 10;
-  }
+static int dying_child(prov_t *p, int sock, const void *arg) {
+  const struct dying_how *how = arg;
+  const bool hang = how->hang;
+  const size_t big = how->big;
+  pt_op_t r, rb, *one[1] = {&r};
+  char buf[64];
   pt_op_init(&r);
   r.buf = buf;
   if (pt_recv(&p, 1, p, 0, &r, sizeof(buf), TAG_HELLO, 5000) || !pt_drive(&p, 1, one, 1, 10000) ||
@@ -319,21 +349,13 @@ static void peer_dies(bool hang) {
   const size_t big = hang ? 64 * MIB : MIB;
   static pt_op_t never, sbig, shello, s_after, r_after;
   pt_op_t *hello[1] = {&shello}, *failed[2] = {&never, &sbig}, *after[2] = {&s_after, &r_after};
-  char job[64], err[256], c = 0, small[8] = "x", rbuf[8];
-  int sv[2], st = 0;
+  const struct dying_how how = {hang, big};
+  char job[64], c = 0, small[8] = "x", rbuf[8];
+  int sock, st = 0;
   double t0;
 
   snprintf(job, sizeof(job), "dies-%d-%d", (int)getpid(), hang);
-  cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
-  fflush(NULL);
-  child = fork();
-  cr_assert_geq(child, 0);
-  if (child == 0) {
-    close(sv[0]);
-    _exit(dying_child(sv[1], job, hang, big));
-  }
-  close(sv[1]);
-  cr_assert_eq(pt_open_peer("sock", job, 0, sv[0], &eps[0], err, sizeof(err)), 0, "open: %s", err);
+  sock = fork_rank1(job, dying_child, &how);
   pt_op_init(&never);
   pt_op_init(&sbig);
   pt_op_init(&shello);
@@ -350,12 +372,12 @@ static void peer_dies(bool hang) {
   cr_assert_eq(shello.calls, 1, "the hello to rank 1 never went: %s", eps[0]->last_error);
   cr_assert_eq(shello.status, 0);
   if (hang) {
-    struct pollfd pfd = {.fd = sv[0], .events = POLLIN};
+    struct pollfd pfd = {.fd = sock, .events = POLLIN};
     double end = pt_now_ms() + 10000;
 
     while (poll(&pfd, 1, 0) == 0 && pt_now_ms() < end)
       eps[0]->ops->progress(eps[0]);
-    cr_assert_eq(read(sv[0], &c, 1), 1, "the child did not get as far as its big receive");
+    cr_assert_eq(read(sock, &c, 1), 1, "the child did not get as far as its big receive");
     cr_assert_eq(c, 'r');
     /* the DATA goes until the buffers are full, then waits */
     end = pt_now_ms() + 300;
@@ -377,7 +399,7 @@ static void peer_dies(bool hang) {
     child = -1;
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed: status %#x", st);
   }
-  close(sv[0]);
+  close(sock);
   /* the peer is gone: what is posted with it fails, within a few seconds */
   t0 = pt_now_ms();
   drive_until(eps[0], failed, 2, 5000);
@@ -842,16 +864,13 @@ static size_t hr_len(int i) {
 
 /* Rank 1 in a child process: sends HR_N rendezvous messages to rank 0,
  * each once the one before is all written, then waits for rank 0's "done". */
-static int streaming_child(int sock, const char *job) {
+static int streaming_child(prov_t *p, int sock, const void *arg) {
   static pt_op_t s[HR_N];
   pt_op_t r, *one[1];
-  char err[256], buf[8];
-  prov_t *p;
+  char buf[8];
 
-  if (pt_open_peer("sock", job, 1, sock, &p, err, sizeof(err))) {
-    fprintf(stderr, "child: open: %s\n", err);
-    return 10;
-  }
+  (void)sock;
+  (void)arg;
   for (int i = 0; i < HR_N; i++) {
     pt_op_init(&s[i]);
     s[i].buf = malloc(hr_len(i));
@@ -885,20 +904,11 @@ static int streaming_child(int sock, const char *job) {
 Test(sock, back_to_back_rendezvous_from_another_process) {
   static pt_op_t r[HR_N], done;
   pt_op_t *all[HR_N], *last[1] = {&done};
-  char job[64], err[256];
-  int sv[2], st = -1;
+  char job[64];
+  int sock, st = -1;
 
   snprintf(job, sizeof(job), "stream-%d", (int)getpid());
-  cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
-  fflush(NULL);
-  child = fork();
-  cr_assert_geq(child, 0);
-  if (child == 0) {
-    close(sv[0]);
-    _exit(streaming_child(sv[1], job));
-  }
-  close(sv[1]);
-  cr_assert_eq(pt_open_peer("sock", job, 0, sv[0], &eps[0], err, sizeof(err)), 0, "open: %s", err);
+  sock = fork_rank1(job, streaming_child, NULL);
   for (int i = 0; i < HR_N; i++) {
     pt_op_init(&r[i]);
     r[i].buf = xmalloc(hr_len(i));
@@ -929,4 +939,5 @@ Test(sock, back_to_back_rendezvous_from_another_process) {
   cr_assert_eq(waitpid(child, &st, 0), child);
   child = -1;
   cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: status %#x", st);
+  close(sock);
 }
