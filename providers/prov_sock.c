@@ -33,7 +33,7 @@
  *               (source, tag, FIFO) against the posted receives: the payload
  *               goes straight into the receive's buffer (large remainders
  *               read there directly, with the next header in the same
- *               readv; while a receive waits for its DATA the stage takes no
+ *               recvmsg; while a receive waits for its DATA the stage takes no
  *               more than that header), else into an unexpected message
  *               (past 4 KiB a pooled 64 KiB buffer) that a later post_recv
  *               copies out. While those hold 4 MiB and nothing is posted
@@ -810,6 +810,14 @@ static size_t stage_want(const struct sock_conn *c, size_t body) {
   return c->rndv_rx && upto < SOCK_STAGE ? upto : SOCK_STAGE;
 }
 
+/* Writes what tx_urgent queued while c was being read (tx_held). */
+static void tx_release(struct sock_ep *e, struct sock_conn *c) {
+  if (c->tx_held) {
+    c->tx_held = false;
+    conn_flush(e, c);
+  }
+}
+
 static void conn_read_some(struct sock_ep *e, struct sock_conn *c) {
   unsigned char scratch[4096];
   size_t budget = SOCK_READ_BUDGET;
@@ -830,13 +838,10 @@ static void conn_read_some(struct sock_ep *e, struct sock_conn *c) {
      * (its sender waits for the CTS that header asks for) */
     if (!stage_parse(e, c) || drained || !budget)
       return;
-    if (c->tx_held) {
-      /* the CTSs (and DATAs) the parsed headers queued, in one write */
-      c->tx_held = false;
-      conn_flush(e, c);
-      if (c->state != C_UP)
-        return;
-    }
+    /* the CTSs (and DATAs) the parsed headers queued, in one write */
+    tx_release(e, c);
+    if (c->state != C_UP)
+      return;
     if (c->in_body && c->rx_left >= SOCK_DIRECT_MIN && c->st_pos == c->st_end) {
       /* read the payload where it belongs; where that is the rest of the
        * message, what follows it (the next header) comes into the stage in
@@ -845,7 +850,7 @@ static void conn_read_some(struct sock_ep *e, struct sock_conn *c) {
       unsigned char *dst = done < c->rx_keep ? c->rx_dst + done : scratch;
       size_t want = done < c->rx_keep ? c->rx_keep - done : c->rx_left;
       struct iovec iov[2];
-      int niov = 1;
+      struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 1};
 
       if (dst == scratch && want > sizeof(scratch))
         want = sizeof(scratch);
@@ -853,13 +858,13 @@ static void conn_read_some(struct sock_ep *e, struct sock_conn *c) {
       c->st_pos = c->st_end = 0;
       if (want == c->rx_left) {
         iov[1] = (struct iovec){c->stage, stage_want(c, 0)};
-        niov = 2;
+        mh.msg_iovlen = 2;
       }
-      n = readv(c->fe.fd, iov, niov);
+      n = recvmsg(c->fe.fd, &mh, MSG_DONTWAIT);
       if (n > 0) {
         size_t body = (size_t)n < want ? (size_t)n : want;
 
-        drained = (size_t)n < want + (niov == 2 ? iov[1].iov_len : 0);
+        drained = (size_t)n < want + (mh.msg_iovlen == 2 ? iov[1].iov_len : 0);
         budget = (size_t)n < budget ? budget - (size_t)n : 0;
         c->rx_left -= body;
         if (c->rx_umsg)
@@ -914,10 +919,7 @@ static void conn_read(struct sock_ep *e, struct sock_conn *c) {
   c->tx_hold = true;
   conn_read_some(e, c);
   c->tx_hold = false;
-  if (c->tx_held) {
-    c->tx_held = false;
-    conn_flush(e, c);
-  }
+  tx_release(e, c);
 }
 
 /* ---- connections ---- */
