@@ -42,6 +42,7 @@ const algo_desc_t algo_table[] = {
     {"ring", COLL_ALLGATHER, algo_ring_allgather, 0},
     {"bruck", COLL_ALLGATHER, algo_bruck_allgather, 0},
     {"rd", COLL_ALLGATHER, algo_rd_allgather, 0},
+    {"direct", COLL_ALLGATHER, algo_direct_allgather, 0},
     {"hier", COLL_ALLGATHER, algo_hier_allgather, ALGO_HIERARCHICAL},
     {"ring", COLL_REDUCE_SCATTER, algo_ring_reduce_scatter, 0},
     {"rhd", COLL_REDUCE_SCATTER, algo_rhd_reduce_scatter, 0},

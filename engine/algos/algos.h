@@ -153,6 +153,7 @@ int algo_ring_reduce(const algo_args_t *a, plan_t **out);
 int algo_hier_allgather(const algo_args_t *a, plan_t **out);
 int algo_ring_allgather(const algo_args_t *a, plan_t **out);
 int algo_bruck_allgather(const algo_args_t *a, plan_t **out);
+int algo_direct_allgather(const algo_args_t *a, plan_t **out);
 int algo_rd_allgather(const algo_args_t *a, plan_t **out);
 int algo_ring_reduce_scatter(const algo_args_t *a, plan_t **out);
 int algo_rhd_reduce_scatter(const algo_args_t *a, plan_t **out);

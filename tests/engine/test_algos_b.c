@@ -525,10 +525,11 @@ static void run_case(const algo_param_t *p, int n, size_t count) {
 }
 
 static algo_param_t algos[] = {
-    {COLL_ALLGATHER, "ring"},      {COLL_ALLGATHER, "bruck"},    {COLL_ALLGATHER, "rd"},
-    {COLL_REDUCE_SCATTER, "ring"}, {COLL_REDUCE_SCATTER, "rhd"}, {COLL_ALLTOALL, "pairwise"},
-    {COLL_ALLTOALL, "bruck"},      {COLL_GATHER, "tree"},        {COLL_GATHER, "linear"},
-    {COLL_SCATTER, "tree"},        {COLL_SCATTER, "linear"},     {COLL_BARRIER, "dissemination"},
+    {COLL_ALLGATHER, "ring"},        {COLL_ALLGATHER, "bruck"},     {COLL_ALLGATHER, "rd"},
+    {COLL_ALLGATHER, "direct"},      {COLL_REDUCE_SCATTER, "ring"}, {COLL_REDUCE_SCATTER, "rhd"},
+    {COLL_ALLTOALL, "pairwise"},     {COLL_ALLTOALL, "bruck"},      {COLL_GATHER, "tree"},
+    {COLL_GATHER, "linear"},         {COLL_SCATTER, "tree"},        {COLL_SCATTER, "linear"},
+    {COLL_BARRIER, "dissemination"},
 };
 
 /* every algorithm x ranks 1..9, 16 x counts x in place / out of place
@@ -669,9 +670,10 @@ Test(algos_b, scratch_and_message_counts) {
     const char *name;
     int n, rounds;
   } cases[] = {
-      {COLL_ALLGATHER, "bruck", 7, 3}, {COLL_ALLGATHER, "rd", 8, 3},
-      {COLL_ALLTOALL, "bruck", 9, 4},  {COLL_REDUCE_SCATTER, "rhd", 8, 3},
-      {COLL_GATHER, "tree", 9, 1},     {COLL_SCATTER, "tree", 9, 1},
+      {COLL_ALLGATHER, "bruck", 7, 3},    {COLL_ALLGATHER, "rd", 8, 3},
+      {COLL_ALLGATHER, "direct", 7, 6},   {COLL_ALLTOALL, "bruck", 9, 4},
+      {COLL_REDUCE_SCATTER, "rhd", 8, 3}, {COLL_GATHER, "tree", 9, 1},
+      {COLL_SCATTER, "tree", 9, 1},
   };
   for (size_t i = 0; i < NELEMS(cases); i++) {
     const algo_desc_t *d = find(cases[i].coll, cases[i].name);
@@ -692,4 +694,43 @@ Test(algos_b, scratch_and_message_counts) {
                  (unsigned long long)x.st.messages);
     run_free(&x);
   }
+}
+
+/* The direct allgather waits for nothing: every send and receive of a rank
+ * is ready at once (one of each per peer and chunk, the sends reading the
+ * caller's block), and each peer's block lands where it belongs. */
+Test(algos_b, direct_allgather_has_no_dependencies) {
+  for (int ip = 0; ip < 2; ip++)
+    for (int r = 0; r < 5; r++) {
+      plan_t *p;
+      algo_args_t a = {.coll = COLL_ALLGATHER,
+                       .rank = r,
+                       .nranks = 5,
+                       .count = 3000,
+                       .dtype = CHORUS_FLOAT32,
+                       .inplace = ip,
+                       .chunk_bytes = 4096};
+      cr_assert_eq(algo_direct_allgather(&a, &p), 0);
+      int sends = 0, recvs = 0, copies = 0;
+      for (uint32_t i = 0; i < p->nsteps; i++) {
+        const plan_step_t *st = &p->steps[i];
+        cr_assert_eq(st->ndeps, 0, "rank %d step %u waits", r, i);
+        if (st->kind == STEP_SEND) {
+          sends++;
+          cr_assert_eq(st->src.buf, ip ? BUF_RECV : BUF_SEND);
+          cr_assert_eq(st->src.off, (ip ? (size_t)r * 12000 : 0) + st->msg % 3 * 4096);
+        } else if (st->kind == STEP_RECV) {
+          recvs++;
+          cr_assert_eq(st->dst.off, (size_t)st->peer * 12000 + st->msg % 3 * 4096);
+          cr_assert_eq(st->msg / 3, (uint32_t)algo_mod(r - st->peer, 5) - 1);
+        } else {
+          copies++;
+        }
+      }
+      /* 12000 bytes: 3 chunks a block, to each of 4 peers */
+      cr_assert_eq(sends, 12);
+      cr_assert_eq(recvs, 12);
+      cr_assert_eq(copies, ip ? 0 : 1);
+      plan_free(p);
+    }
 }

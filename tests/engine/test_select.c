@@ -246,6 +246,36 @@ Test(select, shared_cores_give_a_large_bcast_to_the_tree) {
   select_fini(&s);
 }
 
+/* Allgather among ranks that share cores: the direct exchange, which waits
+ * for its peers' turns once where the ring and recursive doubling wait once
+ * a step. With a core a rank it prices as the ring and is not picked. */
+Test(select, shared_cores_give_allgather_to_direct) {
+  select_ctx_t s;
+  char err[256], why[256];
+  static const size_t sizes[] = {32 << 10, 2 << 20, 64 << 20};
+  cr_assert_eq(select_init(&s, NULL, false, err, sizeof(err)), 0);
+  const algo_desc_t *direct = algo_find(COLL_ALLGATHER, "direct");
+  const algo_desc_t *ring = algo_find(COLL_ALLGATHER, "ring");
+  cr_assert_not_null(direct);
+  for (size_t i = 0; i < 3; i++) {
+    algo_args_t a = shape(COLL_ALLGATHER, 8, sizes[i] / 8, NULL);
+    cr_assert_eq(select_cost(&s, direct, &a), select_cost(&s, ring, &a));
+    cr_assert_str_neq(select_algo(&s, &a, why, sizeof(why))->name, "direct", "%s", why);
+  }
+  select_share_cores(&s, 4);
+  for (size_t i = 0; i < 3; i++) {
+    algo_args_t a = shape(COLL_ALLGATHER, 8, sizes[i] / 8, NULL);
+    cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "direct", "%s", why);
+    /* the ring less six turns of 4 ranks a core */
+    double want = select_cost(&s, ring, &a) - 6 * 4 * 25e-6;
+    cr_assert_float_eq(select_cost(&s, direct, &a), want, 1e-12);
+  }
+  /* two ranks: one exchange either way, the table's order keeps the ring */
+  algo_args_t two = shape(COLL_ALLGATHER, 2, 1 << 20, NULL);
+  cr_assert_eq(select_cost(&s, direct, &two), select_cost(&s, ring, &two));
+  select_fini(&s);
+}
+
 Test(select, hierarchical_for_many_hosts) {
   select_ctx_t s;
   char err[256], why[256];

@@ -1,0 +1,70 @@
+/*
+ * direct_allgather.c - every rank sends its block to every other rank.
+ *
+ * One round: rank r sends its block to r+1, r+2, .. r+n-1 and receives
+ * block r-k from rank r-k straight into recv, in that order, so that at
+ * position k every rank sends to the rank k ahead while it receives from
+ * the rank k behind (the pairs of a shift, as in pairwise alltoall).
+ * Nothing is forwarded: no receive waits for another, and a send reads the
+ * caller's block (send, or recv block r in place), which no receive
+ * writes, so the plan has no dependency at all. Each block is cut into
+ * chunk_bytes pieces; the message of position k, piece c is (k-1)*K + c
+ * (K pieces a block).
+ *
+ *   n = 3, rank 0:  send b0 -> 1, recv b2 <- 2;  send b0 -> 2, recv b1 <- 1
+ *
+ * n-1 messages a rank each way, all posted at once: as many bytes as the
+ * ring, in one round instead of n-1. Where each message is one copy (shm's
+ * rendezvous reads the sender's block in place) and ranks outnumber cores,
+ * no rank waits for a chain of others to be scheduled first.
+ */
+#include <errno.h>
+
+#include "algos.h"
+
+int algo_direct_allgather(const algo_args_t *a, plan_t **out) {
+  const int n = a->nranks, r = a->rank;
+  const size_t es = chorus_dtype_size(a->dtype);
+  const bool inplace = a->inplace;
+  plan_builder_t b;
+  int rc;
+
+  *out = NULL;
+  if (n <= 0 || r < 0 || r >= n || !es)
+    return -EINVAL;
+  if (a->count > SIZE_MAX / es / (size_t)n)
+    return -E2BIG;
+  const size_t bytes = a->count * es, unit = algo_chunk_unit(a->chunk_bytes, es);
+  const size_t nch = algo_npieces(bytes, unit);
+  if (nch && nch > ALGO_MAX_MSGS / (size_t)n)
+    return -E2BIG;
+  if ((rc = plan_build_begin(&b, "direct", r, n, a->count, a->dtype, a->op, inplace)))
+    return rc;
+  if (!bytes)
+    return plan_build_end(&b, out);
+  if (!inplace) {
+    plan_step_t cp = {.kind = STEP_COPY,
+                      .bytes = bytes,
+                      .dst = {BUF_RECV, (size_t)r * bytes},
+                      .src = {BUF_SEND, 0}};
+    plan_add(&b, &cp);
+  }
+  for (int k = 1; k < n; k++) {
+    const int to = algo_mod(r + k, n), from = algo_mod(r - k, n);
+    for (size_t c = 0; c < nch; c++) {
+      size_t off = c * unit, len = bytes - off < unit ? bytes - off : unit;
+      const uint32_t msg = (uint32_t)((size_t)(k - 1) * nch + c);
+      plan_step_t st = {.kind = STEP_SEND, .peer = to, .msg = msg, .bytes = len};
+      st.src =
+          inplace ? (plan_ref_t){BUF_RECV, (size_t)r * bytes + off} : (plan_ref_t){BUF_SEND, off};
+      plan_step_t rv = {.kind = STEP_RECV,
+                        .peer = from,
+                        .msg = msg,
+                        .bytes = len,
+                        .dst = {BUF_RECV, (size_t)from * bytes + off}};
+      plan_add(&b, &st);
+      plan_add(&b, &rv);
+    }
+  }
+  return plan_build_end(&b, out);
+}
