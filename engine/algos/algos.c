@@ -2,6 +2,7 @@
  * algos.c - the algorithm table and helpers shared by algorithm files.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,6 +73,22 @@ size_t algo_seg_count(size_t count, int n, int k) {
 size_t algo_seg_start(size_t count, int n, int k) {
   size_t base = count / (size_t)n, extra = count % (size_t)n;
   return (size_t)k * base + ((size_t)k < extra ? (size_t)k : extra);
+}
+
+int algo_blocks_begin(const algo_args_t *a, const char *name, plan_builder_t *b, algo_blocks_t *k) {
+  const int n = a->nranks, r = a->rank;
+  const size_t es = chorus_dtype_size(a->dtype);
+
+  if (n <= 0 || r < 0 || r >= n || !es)
+    return -EINVAL;
+  if (a->count > SIZE_MAX / es / (size_t)n)
+    return -E2BIG;
+  k->bytes = a->count * es;
+  k->unit = algo_chunk_unit(a->chunk_bytes, es);
+  k->nch = algo_npieces(k->bytes, k->unit);
+  if (k->nch && k->nch > ALGO_MAX_MSGS / (size_t)n)
+    return -E2BIG;
+  return plan_build_begin(b, name, r, n, a->count, a->dtype, a->op, a->inplace);
 }
 
 int algo_track_init(algo_track_t *t, size_t bytes, size_t cell) {

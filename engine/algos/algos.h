@@ -114,6 +114,19 @@ static inline size_t algo_npieces(size_t bytes, size_t unit) {
   return bytes / unit + (bytes % unit ? 1 : 0);
 }
 
+/* The start the one-round block collectives share (n blocks of count
+ * elements, every block cut into the same chunks, at most one message per
+ * chunk and peer position: ring allgather and reduce-scatter, direct
+ * allgather, pairwise alltoall). Checks the shape (-EINVAL), sizes a block
+ * and its chunks into *k (-E2BIG past ALGO_MAX_MSGS messages) and begins
+ * the plan named `name` (plan_build_begin's result). */
+typedef struct algo_blocks {
+  size_t bytes; /* a block */
+  size_t unit;  /* a chunk, whole elements */
+  size_t nch;   /* chunks a block (0 for an empty block) */
+} algo_blocks_t;
+int algo_blocks_begin(const algo_args_t *a, const char *name, plan_builder_t *b, algo_blocks_t *k);
+
 /* Which steps wrote a buffer, cell by cell, so that a later step can wait
  * for exactly the writers of the bytes it touches (or of their cell: a
  * conservative superset, safe because every recorded writer was added to

@@ -23,21 +23,16 @@
 
 int algo_pairwise_alltoall(const algo_args_t *a, plan_t **out) {
   const int n = a->nranks, r = a->rank;
-  const size_t es = chorus_dtype_size(a->dtype);
   plan_builder_t b;
+  algo_blocks_t blk;
   int rc;
 
   *out = NULL;
-  if (n <= 0 || r < 0 || r >= n || !es || a->inplace)
+  if (a->inplace)
     return -EINVAL;
-  if (a->count > SIZE_MAX / es / (size_t)n)
-    return -E2BIG;
-  const size_t bytes = a->count * es, unit = algo_chunk_unit(a->chunk_bytes, es);
-  const size_t nch = algo_npieces(bytes, unit);
-  if (nch && nch > ALGO_MAX_MSGS / (size_t)n)
-    return -E2BIG;
-  if ((rc = plan_build_begin(&b, "pairwise", r, n, a->count, a->dtype, a->op, false)))
+  if ((rc = algo_blocks_begin(a, "pairwise", &b, &blk)))
     return rc;
+  const size_t bytes = blk.bytes, unit = blk.unit, nch = blk.nch;
   if (!bytes)
     return plan_build_end(&b, out);
   plan_step_t cp = {.kind = STEP_COPY,
