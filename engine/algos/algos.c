@@ -91,6 +91,16 @@ int algo_blocks_begin(const algo_args_t *a, const char *name, plan_builder_t *b,
   return plan_build_begin(b, name, r, n, a->count, a->dtype, a->op, a->inplace);
 }
 
+uint32_t algo_allgather_own(plan_builder_t *b, const algo_args_t *a, size_t block) {
+  if (a->inplace)
+    return UINT32_MAX;
+  plan_step_t cp = {.kind = STEP_COPY,
+                    .bytes = block,
+                    .dst = {BUF_RECV, (size_t)a->rank * block},
+                    .src = {BUF_SEND, 0}};
+  return plan_add(b, &cp);
+}
+
 int algo_track_init(algo_track_t *t, size_t bytes, size_t cell) {
   memset(t, 0, sizeof(*t));
   t->cell = cell;

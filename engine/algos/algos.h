@@ -126,6 +126,10 @@ typedef struct algo_blocks {
   size_t nch;   /* chunks a block (0 for an empty block) */
 } algo_blocks_t;
 int algo_blocks_begin(const algo_args_t *a, const char *name, plan_builder_t *b, algo_blocks_t *k);
+/* An allgather's own block: out of place, a COPY of send[0, block) to recv
+ * block a->rank, whose step it returns; in place (nothing to copy)
+ * UINT32_MAX. */
+uint32_t algo_allgather_own(plan_builder_t *b, const algo_args_t *a, size_t block);
 
 /* Which steps wrote a buffer, cell by cell, so that a later step can wait
  * for exactly the writers of the bytes it touches (or of their cell: a

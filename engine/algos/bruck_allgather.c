@@ -50,11 +50,7 @@ int algo_bruck_allgather(const algo_args_t *a, plan_t **out) {
     return rc;
   if (!B)
     return plan_build_end(&b, out);
-  if (!inplace) {
-    plan_step_t cp = {
-        .kind = STEP_COPY, .bytes = B, .dst = {BUF_RECV, (size_t)r * B}, .src = {BUF_SEND, 0}};
-    plan_add(&b, &cp);
-  }
+  algo_allgather_own(&b, a, B);
   if (n == 1)
     return plan_build_end(&b, out);
   const plan_ref_t own =

@@ -35,13 +35,7 @@ int algo_direct_allgather(const algo_args_t *a, plan_t **out) {
   const size_t bytes = blk.bytes, unit = blk.unit, nch = blk.nch;
   if (!bytes)
     return plan_build_end(&b, out);
-  if (!inplace) {
-    plan_step_t cp = {.kind = STEP_COPY,
-                      .bytes = bytes,
-                      .dst = {BUF_RECV, (size_t)r * bytes},
-                      .src = {BUF_SEND, 0}};
-    plan_add(&b, &cp);
-  }
+  algo_allgather_own(&b, a, bytes);
   for (int k = 1; k < n; k++) {
     const int to = algo_mod(r + k, n), from = algo_mod(r - k, n);
     for (size_t c = 0; c < nch; c++) {

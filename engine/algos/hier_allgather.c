@@ -85,12 +85,7 @@ int algo_hier_allgather(const algo_args_t *a, plan_t **out) {
     return rc;
   if (count == 0)
     return plan_build_end(&b, out);
-  uint32_t own = UINT32_MAX;
-  if (!a->inplace)
-    own = plan_add(&b, &(plan_step_t){.kind = STEP_COPY,
-                                      .bytes = count * es,
-                                      .dst = {BUF_RECV, (size_t)r * count * es},
-                                      .src = {BUF_SEND, 0}});
+  const uint32_t own = algo_allgather_own(&b, a, count * es);
   if (n == 1)
     return plan_build_end(&b, out);
 

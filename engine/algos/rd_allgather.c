@@ -104,13 +104,9 @@ int algo_rd_allgather(const algo_args_t *a, plan_t **out) {
     return plan_build_end(&b, out);
   }
   rd_ctx_t x = {&b, &tr, unit, M};
-  if (!inplace) {
-    plan_step_t cp = {
-        .kind = STEP_COPY, .bytes = B, .dst = {BUF_RECV, (size_t)r * B}, .src = {BUF_SEND, 0}};
-    uint32_t i = plan_add(&b, &cp);
-    if ((size_t)r < p)
-      algo_track_write(&tr, &b, (size_t)r * B, B, i);
-  }
+  const uint32_t own = algo_allgather_own(&b, a, B);
+  if ((size_t)r < p)
+    algo_track_write(&tr, &b, (size_t)r * B, B, own);
   const size_t v = (size_t)r;
   if (v >= p) {
     /* folded: hand the block over, get everything else back */

@@ -36,13 +36,7 @@ int algo_ring_allgather(const algo_args_t *a, plan_t **out) {
   const size_t bytes = blk.bytes, unit = blk.unit, nch = blk.nch;
   if (!bytes)
     return plan_build_end(&b, out);
-  if (!inplace) {
-    plan_step_t cp = {.kind = STEP_COPY,
-                      .bytes = bytes,
-                      .dst = {BUF_RECV, (size_t)r * bytes},
-                      .src = {BUF_SEND, 0}};
-    plan_add(&b, &cp);
-  }
+  algo_allgather_own(&b, a, bytes);
   const int right = algo_mod(r + 1, n), left = algo_mod(r - 1, n);
   for (size_t c = 0; c < nch; c++) {
     size_t off = c * unit, len = bytes - off < unit ? bytes - off : unit;
