@@ -16,7 +16,12 @@
  * n-1 messages a rank each way, all posted at once: as many bytes as the
  * ring, in one round instead of n-1. Where each message is one copy (shm's
  * rendezvous reads the sender's block in place) and ranks outnumber cores,
- * no rank waits for a chain of others to be scheduled first.
+ * no rank waits for a chain of others to be scheduled first. It talks to
+ * every peer, so a job's first calls pay for first contact with peers it
+ * had not talked to (over shm, each sender faults in the receiver's
+ * libfabric command queue page by page): 8 ranks on 2 cores, 32 KiB after
+ * 20 calls of other collectives, direct 169-242 us a call, rd 83-96;
+ * after 2,000 calls, direct 54-82 and rd 85-91.
  */
 #include <errno.h>
 
