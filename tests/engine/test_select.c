@@ -248,11 +248,13 @@ Test(select, shared_cores_give_a_large_bcast_to_the_tree) {
 
 /* Allgather among ranks that share cores: the direct exchange, which waits
  * for its peers' turns once where the ring and recursive doubling wait once
- * a step. With a core a rank it prices as the ring and is not picked. */
+ * a step, while the n-1 blocks it reads at once fit the peer cache (4 MiB:
+ * 8 ranks up to 4 MiB in all); past that one more pass over them. With a
+ * core a rank it prices as the ring and is not picked. */
 Test(select, shared_cores_give_allgather_to_direct) {
   select_ctx_t s;
   char err[256], why[256];
-  static const size_t sizes[] = {32 << 10, 2 << 20, 64 << 20};
+  static const size_t sizes[] = {32 << 10, 2 << 20, 4 << 20};
   cr_assert_eq(select_init(&s, NULL, false, err, sizeof(err)), 0);
   const algo_desc_t *direct = algo_find(COLL_ALLGATHER, "direct");
   const algo_desc_t *ring = algo_find(COLL_ALLGATHER, "ring");
@@ -270,6 +272,11 @@ Test(select, shared_cores_give_allgather_to_direct) {
     double want = select_cost(&s, ring, &a) - 6 * 4 * 25e-6;
     cr_assert_float_eq(select_cost(&s, direct, &a), want, 1e-12);
   }
+  /* 64 MiB: 7 blocks of 8 MiB at once, one more pass; recursive doubling */
+  algo_args_t big = shape(COLL_ALLGATHER, 8, 8 << 20, NULL);
+  double over = select_cost(&s, ring, &big) - 6 * 4 * 25e-6 + 7 * (8 << 20) * s.intra.beta;
+  cr_assert_float_eq(select_cost(&s, direct, &big), over, over * 1e-12);
+  cr_assert_str_eq(select_algo(&s, &big, why, sizeof(why))->name, "rd", "%s", why);
   /* two ranks: one exchange either way, the table's order keeps the ring */
   algo_args_t two = shape(COLL_ALLGATHER, 2, 1 << 20, NULL);
   cr_assert_eq(select_cost(&s, direct, &two), select_cost(&s, ring, &two));
