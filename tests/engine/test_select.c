@@ -249,7 +249,7 @@ Test(select, shared_cores_give_a_large_bcast_to_the_tree) {
 /* Allgather among ranks that share cores: the direct exchange, which waits
  * for its peers' turns once where the ring and recursive doubling wait once
  * a step, while the n-1 blocks it reads at once fit the peer cache (4 MiB:
- * 8 ranks up to 4 MiB in all); past that one more pass over them. With a
+ * 8 ranks up to 32/7 MiB in all); past that one more pass over them. With a
  * core a rank it prices as the ring and is not picked. */
 Test(select, shared_cores_give_allgather_to_direct) {
   select_ctx_t s;
