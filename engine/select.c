@@ -275,12 +275,18 @@ void select_fini(select_ctx_t *s) {
  * 3 interleaved rounds: rd 1238-1582 us, rhd 662-743. */
 #define SEL_TURN_S 25e-6
 
+/* What select_share_cores adds to every message's alpha: the wait for a
+ * receiver's turn on a shared core (0 with a core a rank). */
+static double turn(const select_ctx_t *s) {
+  return s->per_core > 1 ? SEL_TURN_S * s->per_core : 0;
+}
+
 void select_share_cores(select_ctx_t *s, int per_core) {
   if (per_core <= 1)
     return;
   s->per_core = per_core;
-  s->intra.alpha += SEL_TURN_S * per_core;
-  s->inter.alpha += SEL_TURN_S * per_core;
+  s->intra.alpha += turn(s);
+  s->inter.alpha += turn(s);
   s->intra.beta *= per_core;
   s->inter.beta *= per_core;
   s->gamma *= per_core;
@@ -468,12 +474,6 @@ static double cost_reduce(const model_t *m, const char *name) {
   if (!strcmp(name, "dbtree"))
     return ceil_log2((int)n) * f.alpha + N * f.beta + N * g;
   return linear(m, N, g, false);
-}
-
-/* What select_share_cores added to every message's alpha: the wait for a
- * receiver's turn on a shared core. */
-static double turn(const select_ctx_t *s) {
-  return s->per_core > 1 ? SEL_TURN_S * s->per_core : 0;
 }
 
 /* direct_allgather.c posts its n-1 messages each way at once: as many
