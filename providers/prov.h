@@ -234,6 +234,9 @@ typedef struct prov_ofi_rndv_stats {
   /* bounced messages handed back by marking the sender's slot done in our
    * doorbell page instead of an ack message */
   uint64_t bounce_marks;
+  /* sends held back (-EAGAIN) because the peer had not yet taken the
+   * window's worth of our earlier messages (prov_ofi.c, "the window") */
+  uint64_t window_waits;
 } prov_ofi_rndv_stats_t;
 int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out);
 

@@ -7,7 +7,8 @@
  * pool: the slot holds the fi_context the provider may own (FI_CONTEXT and
  * FI_CONTEXT2 modes are both honoured), and the pool sizes are what keeps us
  * inside the provider's queue limits (shm fails past 1024 receives, udp
- * stalls past its window): past max_posted() a post returns -EAGAIN.
+ * stalls past its window): past max_posted() a post returns -EAGAIN. Over
+ * shm a send also waits for room in the receiver's queue (see "the window").
  *
  * Receives are directed (FI_DIRECTED_RECV) when the provider offers it;
  * otherwise FI_ADDR_UNSPEC with the exact tag: the engine puts the source
@@ -38,7 +39,10 @@
  *     copied it: after a receive from p completes, ring p if it sleeps;
  *   - a post that got -FI_EAGAIN (peer queue full, first contact) waits for
  *     the peer to progress: the sender sets its bit in the peer's want[]
- *     and rings it; the peer's next progress() rings every sender in want[].
+ *     and rings it; the peer's next progress() rings every sender in want[];
+ *   - a send held back by the window (below) sets the sender's bit in the
+ *     peer's taken_want[]; the peer rings it when it next takes a message
+ *     from it.
  *  If a peer's page can not be mapped, that peer is rung unconditionally.
  *
  *  Some turns of shm's progress leave no trace we could ring on:
@@ -190,7 +194,10 @@ struct ofi_db_page {
   _Atomic uint32_t want_any; /* some bit of want[] is set */
   _Atomic uint64_t want[];   /* rank r's bit: ring r after our next progress */
   /* then _Atomic uint32_t bounce_done[nranks] (db_done_word): bit k of
-   * entry r, rank r's bounce slot k that we finished reading */
+   * entry r, rank r's bounce slot k that we finished reading;
+   * _Atomic uint32_t taken[nranks] (db_taken_word): messages from rank r
+   * whose receive completed here; and _Atomic uint64_t taken_want[] (8-byte
+   * aligned): rank r's bit, ring r when taken[r] next grows (see "window") */
 };
 
 struct ofi_db_peer {
@@ -279,6 +286,10 @@ struct ofi_ep {
   size_t db_nap_sar;            /* of which OFI_NAP_SAR */
   unsigned db_nap_us;           /* next timer while db_nap_ops */
   bool db_no_backstop;          /* tests: rings only, no timer */
+
+  /* The window (doorbell endpoints, see "window" below). */
+  uint32_t window; /* messages to one peer it has not yet taken; 0: no window */
+  uint32_t *sent;  /* nranks: messages posted to each peer */
 
   /* Our address as given to peers: header, libfabric name, doorbell. */
   unsigned char addr[sizeof(uint32_t) * 2 + OFI_FABNAME_MAX + 40 + OFI_DB_NAME_MAX];
@@ -484,15 +495,47 @@ static void db_want_ring(struct ofi_ep *o, int peer) {
   db_ring(o, peer);
 }
 
-/* Entry r of the bounce_done[] that follows want[] in a page of page_len
- * bytes, NULL when the page is too short to hold it. */
-static _Atomic uint32_t *db_done_word(struct ofi_db_page *pg, size_t page_len, int nranks, int r) {
-  size_t off = sizeof(*pg) + ((size_t)nranks + 63) / 64 * sizeof(uint64_t);
+/* Where the arrays that follow want[] begin, in a page of a job of nranks. */
+static size_t db_done_off(int nranks) {
+  return sizeof(struct ofi_db_page) + ((size_t)nranks + 63) / 64 * sizeof(uint64_t);
+}
 
-  off += (size_t)r * sizeof(uint32_t);
-  if (!pg || off + sizeof(uint32_t) > page_len)
+static size_t db_taken_off(int nranks) {
+  return db_done_off(nranks) + (size_t)nranks * sizeof(uint32_t);
+}
+
+static size_t db_taken_want_off(int nranks) {
+  return (db_taken_off(nranks) + (size_t)nranks * sizeof(uint32_t) + 7) & ~(size_t)7;
+}
+
+/* Bytes a page needs. */
+static size_t db_page_need(int nranks) {
+  return db_taken_want_off(nranks) + ((size_t)nranks + 63) / 64 * sizeof(uint64_t);
+}
+
+/* The word of `size` bytes at off + r * size in a page of page_len bytes,
+ * NULL when the page is too short to hold it. */
+static void *db_word(struct ofi_db_page *pg, size_t page_len, size_t off, int r, size_t size) {
+  off += (size_t)r * size;
+  if (!pg || off + size > page_len)
     return NULL;
-  return (_Atomic uint32_t *)(void *)((char *)pg + off);
+  return (char *)pg + off;
+}
+
+/* Entry r of the bounce_done[] that follows want[]. */
+static _Atomic uint32_t *db_done_word(struct ofi_db_page *pg, size_t page_len, int nranks, int r) {
+  return db_word(pg, page_len, db_done_off(nranks), r, sizeof(uint32_t));
+}
+
+/* Entry r of taken[]: messages from rank r whose receive completed here. */
+static _Atomic uint32_t *db_taken_word(struct ofi_db_page *pg, size_t page_len, int nranks, int r) {
+  return db_word(pg, page_len, db_taken_off(nranks), r, sizeof(uint32_t));
+}
+
+/* The word of taken_want[] that holds rank r's bit. */
+static _Atomic uint64_t *db_taken_want_word(struct ofi_db_page *pg, size_t page_len, int nranks,
+                                            int r) {
+  return db_word(pg, page_len, db_taken_want_off(nranks), r / 64, sizeof(uint64_t));
 }
 
 /* After our progress: ring every peer that waits for it. */
@@ -559,13 +602,11 @@ static bool db_cma_works(int32_t pid, uint64_t va, uint64_t nonce) {
 static int db_open(struct ofi_ep *o, const prov_config_t *cfg, char *errbuf, size_t errlen) {
   static atomic_uint seq;
   struct epoll_event ev = {.events = EPOLLIN};
-  size_t nw = ((size_t)o->nranks + 63) / 64;
   long pagesz = sysconf(_SC_PAGESIZE);
   uint64_t nonce;
   int n, rc;
 
-  o->db_page_len =
-      sizeof(struct ofi_db_page) + nw * sizeof(uint64_t) + (size_t)o->nranks * sizeof(uint32_t);
+  o->db_page_len = db_page_need(o->nranks);
   o->db_page_len = (o->db_page_len + (size_t)pagesz - 1) / (size_t)pagesz * (size_t)pagesz;
   o->db_memfd = memfd_create("chorus-doorbell", MFD_CLOEXEC);
   if (o->db_memfd < 0)
@@ -897,8 +938,6 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
   o->max_posted = ofi_safe_posted(o->info);
   if (strcmp(o->prov_name, "shm") == 0) {
     o->wait = OFI_WAIT_DOORBELL;
-    /* every rendezvous send also posts a receive for its ack: keep sends
-     * plus acks plus receives inside shm's receive queue */
     o->rndv = !db_cma_disabled() && o->cq_data;
     o->bounce_max = cfg->shm_bounce == PROV_BOUNCE_NONE ? 0
                     : cfg->shm_bounce                   ? cfg->shm_bounce
@@ -909,8 +948,15 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
     if (o->rndv && o->bounce_max &&
         memreg_alloc((void **)&o->bounce, o->bounce_slot * OFI_BOUNCE_SLOTS) == 0)
       o->bounce_free = OFI_BOUNCE_SLOTS == 32 ? ~0u : (1u << OFI_BOUNCE_SLOTS) - 1;
-    if (o->rndv)
-      o->max_posted = o->max_posted / 2 ? o->max_posted / 2 : 1;
+    /* shm's receive queue holds our posted receives, the receives of
+     * rendezvous acks (one per send) and every message that came before its
+     * receive: half of it for our receives and sends (with their acks), half
+     * for the windows of all senders (see "the window") */
+    size_t room = o->max_posted / 2 ? o->max_posted / 2 : 1;
+    o->window = (uint32_t)(room / (size_t)cfg->nranks ? room / (size_t)cfg->nranks : 1);
+    o->max_posted = o->rndv ? room / 2 : room;
+    if (!o->max_posted)
+      o->max_posted = 1;
   } else if (strncmp(o->prov_name, "udp", 3) == 0) {
     o->wait = OFI_WAIT_TIMER;
     /* udp;ofi_rxd stalls silently, for good, once a peer has more
@@ -1084,6 +1130,12 @@ static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens
       db_peer_attach(d, pa.pid, pa.memfd, pa.nonce);
       d->pid = pa.pid;
       d->sar = no_cma || !db_cma_works(pa.pid, pa.va, pa.nonce);
+    }
+    o->sent = calloc((size_t)n, sizeof(*o->sent));
+    if (!o->sent) {
+      rc = -ENOMEM;
+      ofi_seterr(o, "add_peers: out of memory");
+      goto out_unmap_peers;
     }
   }
   return 0;
@@ -1561,6 +1613,63 @@ static void ofi_release(prov_t *p, prov_op_t *op) {
   ofi_rndv_done(o, (int)(who >> 1), cookie, (who & 1) != 0, 0);
 }
 
+/* ---- the window ----
+ *
+ * shm keeps a message that came before its receive in the receiver's
+ * receive queue (1024 entries, shared with the posted receives), and while
+ * that queue is full it refuses every post to the receiver: the one its
+ * posted receive waits for too. Senders that run calls ahead of their
+ * receiver (a fan-in: gather, reduce) fill it with messages of later calls,
+ * and the job hangs (16 ranks, 4 KiB chunks, a linear gather of 2 MiB).
+ *
+ * So a sender keeps at most `window` messages to a peer that the peer has
+ * not yet taken (its receive completed): each endpoint counts in its
+ * doorbell page, taken[r], the messages from rank r whose receive
+ * completed, and a sender compares that with what it sent. The windows of
+ * all senders fill half the queue at most; our receives and sends (with
+ * their ack receives) keep to the other half (max_posted). A sender whose
+ * window is closed sets its bit in the peer's taken_want[] and looks again
+ * (each side fences between its store and its load, as for sleeping), and
+ * the peer rings it when it next takes one of its messages.
+ */
+
+/* Whether one more message may go to peer. */
+static bool ofi_window_open(struct ofi_ep *o, int peer) {
+  struct ofi_db_peer *d = &o->db_peers[peer];
+  _Atomic uint32_t *taken = db_taken_word(d->page, d->page_len, o->nranks, o->rank);
+  _Atomic uint64_t *want = db_taken_want_word(d->page, d->page_len, o->nranks, o->rank);
+
+  if (!taken || !want) /* no page: no window */
+    return true;
+  if (o->sent[peer] - atomic_load_explicit(taken, memory_order_acquire) < o->window)
+    return true;
+  atomic_fetch_or(want, 1ull << (o->rank % 64));
+  atomic_thread_fence(memory_order_seq_cst);
+  if (o->sent[peer] - atomic_load(taken) < o->window)
+    return true; /* our bit stays: one ring too many at worst */
+  o->rndv_stats.window_waits++;
+  return false;
+}
+
+/* A message from peer was taken (its receive completed): count it, and ring
+ * the peer if it waits for that. */
+static void ofi_taken(struct ofi_ep *o, int peer) {
+  _Atomic uint32_t *taken = db_taken_word(o->db_page, o->db_page_len, o->nranks, peer);
+  _Atomic uint64_t *want = db_taken_want_word(o->db_page, o->db_page_len, o->nranks, peer);
+  uint64_t bit = 1ull << (peer % 64);
+
+  if (!taken || !want)
+    return;
+  /* we are the only writer */
+  atomic_store_explicit(taken, atomic_load_explicit(taken, memory_order_relaxed) + 1,
+                        memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(want, memory_order_relaxed) & bit) {
+    atomic_fetch_and(want, ~bit);
+    db_ring(o, peer);
+  }
+}
+
 static int ofi_post_send(prov_t *p, int peer, const void *buf, size_t len, uint64_t tag,
                          prov_op_t *op) {
   struct ofi_ep *o = to_ofi(p);
@@ -1569,11 +1678,17 @@ static int ofi_post_send(prov_t *p, int peer, const void *buf, size_t len, uint6
 
   if (rc)
     return (int)rc;
+  if (o->window && o->sent && !ofi_window_open(o, peer))
+    return -EAGAIN;
   s = ofi_slot_fill(o, true, p, peer, len, tag, op);
   if (!s)
     return -EAGAIN;
-  if (ofi_use_rndv(o, peer, len))
-    return ofi_post_rndv_send(o, s, buf, len);
+  if (ofi_use_rndv(o, peer, len)) {
+    rc = ofi_post_rndv_send(o, s, buf, len);
+    if (rc == 0 && o->sent)
+      o->sent[peer]++;
+    return (int)rc;
+  }
   if (o->cq_data)
     rc = fi_tsenddata(o->ep, buf, len, NULL, op->data & ~PROV_DATA_VALID, o->peers[peer], tag,
                       &s->fctx);
@@ -1581,6 +1696,8 @@ static int ofi_post_send(prov_t *p, int peer, const void *buf, size_t len, uint6
     rc = fi_tsend(o->ep, buf, len, NULL, o->peers[peer], tag, &s->fctx);
   if (rc)
     return ofi_post_failed(o, s, rc, "send to");
+  if (o->sent)
+    o->sent[peer]++;
   if (o->wait == OFI_WAIT_DOORBELL) {
     db_track_nap(o, s);
     db_ring_if_sleeping(o, peer);
@@ -1671,6 +1788,8 @@ static void ofi_deliver(struct ofi_ep *o, struct ofi_slot *s, int status, size_t
   ofi_slot_end(o, s, status);
   op->internal[PROV_OP_OWNER] = NULL;
   op->internal[PROV_OP_REQ] = NULL;
+  if (!is_send && o->window && status != -ECANCELED)
+    ofi_taken(o, peer);
   /* A sender above the inject size waits for us to have copied its data
    * (not one whose bounce slot we marked: it was done already). */
   if (!is_send && !marked && o->db_peers && status != -ECANCELED && (len > o->inject_len || status))
@@ -2039,6 +2158,7 @@ static void ofi_close(prov_t *p) {
   fi_freeinfo(o->info);
   db_close(o);
   free(o->slots);
+  free(o->sent);
   free(o->peers);
   free(o);
 }

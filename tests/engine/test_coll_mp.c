@@ -131,3 +131,56 @@ Test(coll_mp, hier_uneven) {
 Test(coll_mp, hier_2x2_sock) {
   run("shm+sock", 4, "hosts=2x2");
 }
+
+/* Fan-in of small messages: 16 ranks each send the root 32 chunks of 4 KiB
+ * a call, calls back to back. Senders ran calls ahead of the root, filled
+ * its shm receive queue with messages it had not asked for yet, and the
+ * job hung at the second call (prov_ofi.c, "the window"). */
+enum { FAN_COUNT = 32768, FAN_CALLS = 6 };
+
+static int32_t fan_value(int rank, int call, size_t i) {
+  return (int32_t)(rank * 1000003 + call * 7919 + (int)i);
+}
+
+static int fan_in_main(int rank, int size, const char *addr, void *arg) {
+  chorus_comm_t *c;
+  chorus_result rc = chorus_comm_init(&c, rank, size, addr);
+  int32_t *send = malloc(FAN_COUNT * sizeof(*send));
+  int32_t *recv = rank == 0 ? malloc((size_t)size * FAN_COUNT * sizeof(*recv)) : NULL;
+  int bad = 0;
+
+  (void)arg;
+  if (rc || !send || (rank == 0 && !recv)) {
+    fprintf(stderr, "rank %d: init: %s: %s\n", rank, chorus_strerror(rc), chorus_last_error());
+    return 1;
+  }
+  for (int call = 0; call < FAN_CALLS && !bad; call++) {
+    for (size_t i = 0; i < FAN_COUNT; i++)
+      send[i] = fan_value(rank, call, i);
+    rc = chorus_gather(c, send, recv, FAN_COUNT, CHORUS_INT32, 0);
+    if (rc) {
+      fprintf(stderr, "rank %d: gather %d: %s: %s\n", rank, call, chorus_strerror(rc),
+              chorus_last_error());
+      bad++;
+    }
+    for (int r = 0; rank == 0 && r < size && !bad; r++)
+      for (size_t i = 0; i < FAN_COUNT; i++)
+        if (recv[(size_t)r * FAN_COUNT + i] != fan_value(r, call, i)) {
+          fprintf(stderr, "gather %d: element %zu of rank %d wrong\n", call, i, r);
+          bad++;
+          break;
+        }
+  }
+  rc = chorus_comm_destroy(c);
+  free(send);
+  free(recv);
+  return bad || rc ? 1 : 0;
+}
+
+Test(coll_mp, shm_16_fan_in_small_chunks) {
+  const char *envs[] = {"CHORUS_PROVIDER=shm", "CHORUS_ALGO=gather=linear", "CHORUS_CHUNK_BYTES=4K",
+                        "CHORUS_SPIN_US=0", NULL};
+  mp_result_t r = mp_run(16, fan_in_main, NULL, 120, envs);
+  cr_assert_eq(r.timed_out, 0, "16-rank linear gather in 4 KiB chunks: timed out");
+  cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
+}

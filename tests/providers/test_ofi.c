@@ -760,3 +760,72 @@ Test(ofi_udp, window_fits_the_socket_buffer) {
   cr_log_info("udp: socket buffer %d bytes (rmem_max %ld), rxd window %ld packets", got, max,
               window);
 }
+
+/* Fan-in past shm's receive queue. shm keeps a message that came before its
+ * receive in the receiver's receive queue (1024 entries, shared with the
+ * posted receives) and, once that is full, refuses every post to the
+ * receiver. Rank 1 sends rank 0 messages rank 0 has not asked for yet until
+ * the transport holds it back: that must happen before the queue is full, or
+ * rank 2's message, which rank 0 waits for, could never be posted. Then rank
+ * 0 takes rank 1's messages, newest first, rank 1 sends the rest as the
+ * window opens again, and every message arrives intact. */
+Test(ofi_shm, fan_in_stops_at_the_window) {
+  enum { N = 2000 };
+  static pt_op_t s[N], r[N], s2, r2;
+  static uint64_t out[N], in[N];
+  uint64_t one = 0x1234, got = 0;
+  prov_t *ep3[3];
+  pt_op_t *w[1] = {&r2};
+  prov_ofi_rndv_stats_t st;
+  char err[256] = "";
+  int sent = 0, rc;
+
+  cr_assert_eq(pt_open_job("shm", NULL, 3, ep3, err, sizeof(err)), 0, "open: %s", err);
+  pt_op_init(&r2);
+  r2.buf = &got;
+  cr_assert_eq(ep3[0]->ops->post_recv(ep3[0], 2, &got, sizeof(got), 7, &r2.op), 0);
+  for (int i = 0; i < N; i++) {
+    pt_op_init(&s[i]);
+    out[i] = 0xf10dull << 32 | (uint64_t)i;
+    s[i].buf = &out[i];
+  }
+  /* as far as rank 1 may go without rank 0 taking anything */
+  for (int k = 0; k < 100 && sent < N; k++) {
+    while (sent < N && (rc = ep3[1]->ops->post_send(ep3[1], 0, &out[sent], sizeof(out[sent]),
+                                                    0x100u + (unsigned)sent, &s[sent].op)) == 0)
+      sent++;
+    cr_assert(sent == N || rc == -EAGAIN, "send %d: %d %s", sent, rc, ep3[1]->last_error);
+    for (int e = 0; e < 3; e++)
+      ep3[e]->ops->progress(ep3[e]);
+  }
+  cr_assert_lt(sent, 900, "rank 1 sent %d messages rank 0 had not asked for", sent);
+  pt_op_init(&s2);
+  s2.buf = &one;
+  cr_assert_eq(pt_send(ep3, 3, ep3[2], 0, &s2, sizeof(one), 7, 20000), 0,
+               "rank 2's message refused after rank 1's %d (%s)", sent, ep3[2]->last_error);
+  cr_assert(pt_drive(ep3, 3, w, 1, 20000), "rank 0's receive from rank 2 never completed");
+  cr_assert_eq(r2.status, 0);
+  cr_assert_eq(got, one);
+  cr_assert_eq(prov_ofi_rndv_stats(ep3[1], &st), 0);
+  cr_assert_gt(st.window_waits, 0);
+  cr_log_info("shm fan-in: rank 1 held back after %d messages (%llu waits)", sent,
+              (unsigned long long)st.window_waits);
+  /* what came, newest first; then the rest, each sent and taken in turn */
+  for (int k = 0; k < N; k++) {
+    int i = k < sent ? sent - 1 - k : k;
+    pt_op_t *one_op[2] = {&r[i], &s[i]};
+
+    pt_op_init(&r[i]);
+    r[i].buf = &in[i];
+    if (k >= sent)
+      cr_assert_eq(pt_send(ep3, 3, ep3[1], 0, &s[i], sizeof(out[i]), 0x100u + (unsigned)i, 20000),
+                   0, "send %d: %s", i, ep3[1]->last_error);
+    cr_assert_eq(pt_recv(ep3, 3, ep3[0], 1, &r[i], sizeof(in[i]), 0x100u + (unsigned)i, 20000), 0);
+    cr_assert(pt_drive(ep3, 3, one_op, 2, 20000), "message %d never went through", i);
+    cr_assert_eq(s[i].status, 0, "send %d: %d", i, s[i].status);
+    cr_assert_eq(r[i].status, 0, "message %d: %d", i, r[i].status);
+    cr_assert_eq(r[i].len, sizeof(in[i]));
+    cr_assert_eq(in[i], out[i], "message %d: %#llx", i, (unsigned long long)in[i]);
+  }
+  pt_close_job(ep3, 3);
+}
