@@ -950,13 +950,15 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
       o->bounce_free = OFI_BOUNCE_SLOTS == 32 ? ~0u : (1u << OFI_BOUNCE_SLOTS) - 1;
     /* shm's receive queue holds our posted receives, the receives of
      * rendezvous acks (one per send) and every message that came before its
-     * receive: half of it for our receives and sends (with their acks), half
-     * for the windows of all senders (see "the window") */
-    size_t room = o->max_posted / 2 ? o->max_posted / 2 : 1;
-    o->window = (uint32_t)(room / (size_t)cfg->nranks ? room / (size_t)cfg->nranks : 1);
-    o->max_posted = o->rndv ? room / 2 : room;
+     * receive: 2/7 of it each for our receives and our sends' acks (256 of
+     * 896, as the engine's default asks), the rest for the windows of all
+     * senders (see "the window"); without rendezvous, half and half */
+    size_t safe = o->max_posted, room;
+    o->max_posted = o->rndv ? safe * 2 / 7 : safe / 2;
     if (!o->max_posted)
       o->max_posted = 1;
+    room = safe > o->max_posted * (o->rndv ? 2 : 1) ? safe - o->max_posted * (o->rndv ? 2 : 1) : 1;
+    o->window = (uint32_t)(room / (size_t)cfg->nranks ? room / (size_t)cfg->nranks : 1);
   } else if (strncmp(o->prov_name, "udp", 3) == 0) {
     o->wait = OFI_WAIT_TIMER;
     /* udp;ofi_rxd stalls silently, for good, once a peer has more
@@ -1626,8 +1628,8 @@ static void ofi_release(prov_t *p, prov_op_t *op) {
  * not yet taken (its receive completed): each endpoint counts in its
  * doorbell page, taken[r], the messages from rank r whose receive
  * completed, and a sender compares that with what it sent. The windows of
- * all senders fill half the queue at most; our receives and sends (with
- * their ack receives) keep to the other half (max_posted). A sender whose
+ * all senders fill what our receives and sends (with their ack receives,
+ * max_posted each) leave of the queue: 384 of 896 entries. A sender whose
  * window is closed sets its bit in the peer's taken_want[] and looks again
  * (each side fences between its store and its load, as for sleeping), and
  * the peer rings it when it next takes one of its messages.
