@@ -156,3 +156,16 @@ void algo_track_write(algo_track_t *t, plan_builder_t *b, size_t off, size_t byt
     t->w[c][t->n[c]++] = step;
   }
 }
+
+void algo_pace_init(algo_pace_t *p) {
+  for (int i = 0; i < ALGO_PACE; i++)
+    p->last[i] = UINT32_MAX;
+  p->n = 0;
+}
+
+void algo_pace(plan_builder_t *b, algo_pace_t *p, uint32_t send) {
+  uint32_t k = p->n++ % ALGO_PACE;
+
+  plan_dep(b, p->last[k], send);
+  p->last[k] = send;
+}

@@ -131,6 +131,24 @@ int algo_blocks_begin(const algo_args_t *a, const char *name, plan_builder_t *b,
  * UINT32_MAX. */
 uint32_t algo_allgather_own(plan_builder_t *b, const algo_args_t *a, size_t block);
 
+/* Pacing of the sends nothing else holds back (those that read only the
+ * input, at the start of an allreduce): each waits for the one ALGO_PACE
+ * before it in its stream. Their receiver takes at most its scratch slots
+ * (8) ahead; a send further ahead only holds one of the sender's posted
+ * slots (max_posted). Unpaced, past max_posted chunks both ranks' posted
+ * sends were sends the peer could not take yet, queued ahead of the sends
+ * of the allreduce's second half, and both ranks' posted receives were
+ * receives of that second half: a deadlock (a 2-rank allreduce of 256 MiB
+ * in 256 KiB chunks over shm or tcp, by the ring, rhd and dbtree). */
+#define ALGO_PACE 8
+typedef struct algo_pace {
+  uint32_t last[ALGO_PACE]; /* the last ALGO_PACE sends, UINT32_MAX for none */
+  uint32_t n;
+} algo_pace_t;
+void algo_pace_init(algo_pace_t *p);
+/* Send step `send` waits for the send ALGO_PACE before it in p's stream. */
+void algo_pace(plan_builder_t *b, algo_pace_t *p, uint32_t send);
+
 /* Which steps wrote a buffer, cell by cell, so that a later step can wait
  * for exactly the writers of the bytes it touches (or of their cell: a
  * conservative superset, safe because every recorded writer was added to

@@ -19,7 +19,8 @@
  *
  * Per chunk at a node: receive the left child's partial into a scratch slot,
  * recv = left op own; receive the right child's, recv = recv op right (the
- * in-order of the positions); send recv up; receive the final value from the
+ * in-order of the positions); send recv up (a leaf sends its input: paced,
+ * algo_pace); receive the final value from the
  * parent into recv; send it to the children. The root scales for AVG before
  * sending down. Each value is reduced on one rank and then copied.
  *
@@ -115,12 +116,15 @@ int algo_dbtree_allreduce(const algo_args_t *a, plan_t **out) {
   const size_t slot_bytes = (ce < half ? ce : half) * es;
   uint32_t slot_user[DBT_SLOTS], next_slot = 0;
   dbt_node_t nd[2];
+  algo_pace_t pace[2]; /* per tree, a leaf's sends up (of its input) */
 
   b.plan->scratch_bytes = DBT_SLOTS * slot_bytes;
   for (int i = 0; i < DBT_SLOTS; i++)
     slot_user[i] = UINT32_MAX;
   dbt_node(0, r, n, &nd[0]);
   dbt_node(1, r, n, &nd[1]);
+  algo_pace_init(&pace[0]);
+  algo_pace_init(&pace[1]);
 
   for (uint32_t c = 0; c < nch; c++)
     for (int t = 0; t < 2; t++) {
@@ -162,7 +166,10 @@ int algo_dbtree_allreduce(const algo_args_t *a, plan_t **out) {
             &b,
             &(plan_step_t){
                 .kind = STEP_SEND, .peer = d->up, .msg = msg, .bytes = bytes, .src = {val, off}});
-        plan_dep(&b, last, s);
+        if (last == UINT32_MAX)
+          algo_pace(&b, &pace[t], s);
+        else
+          plan_dep(&b, last, s);
         last = plan_add(&b, &(plan_step_t){.kind = STEP_RECV,
                                            .peer = d->up,
                                            .msg = msg + (uint32_t)d->side,

@@ -19,9 +19,12 @@
  * Each segment is cut into chunk-sized tiles, the unit of every message.
  * Per tile the builder remembers the last step that wrote it and the last
  * that read it: a send waits for the writer, a write (reduce, receive) for
- * both. Reductions are (lower vrank's value) op (higher vrank's value), each
- * element is reduced on one rank only and then copied, and AVG is scaled by
- * the owner of the segment after the reduce-scatter.
+ * both. The sends of a phase are paced (algo_pace): a phase's sends that
+ * ran ahead of its peer's scratch slots held every posted slot, and the
+ * peer's slots waited for the sends of another phase that could not be
+ * posted (4 ranks, 256 MiB: a deadlock). Reductions are (lower vrank's value) op (higher vrank's
+ * value), each element is reduced on one rank only and then copied, and AVG is scaled by the owner
+ * of the segment after the reduce-scatter.
  *
  * Steps are emitted phase by phase (fold, RS steps, AG steps, unfold), tiles
  * in vector order within a phase, the same order on every rank; every
@@ -42,7 +45,8 @@ typedef struct rhd {
   uint32_t nchs;     /* tiles per segment */
   uint32_t *wr, *rd; /* per tile: last writer, last reader (step indices) */
   uint32_t slot_user[RHD_SLOTS], next_slot;
-  uint8_t mine; /* where this rank's unreduced input lives */
+  uint8_t mine;     /* where this rank's unreduced input lives */
+  algo_pace_t pace; /* the sends of the phase being built */
 } rhd_t;
 
 /* Tile t = segment t / nchs, chunk t % nchs: its byte offset and length. */
@@ -66,14 +70,16 @@ static void send_tile(rhd_t *h, int peer, uint32_t msg, uint32_t t) {
       h->b,
       &(plan_step_t){
           .kind = STEP_SEND, .peer = peer, .msg = msg, .bytes = bytes, .src = {cur(h, t), off}});
+  algo_pace(h->b, &h->pace, s);
   plan_dep(h->b, h->wr[t], s);
   h->rd[t] = s;
 }
 
-static void recv_tile(rhd_t *h, int peer, uint32_t msg, uint32_t t) {
+/* Returns the receive's step, UINT32_MAX for an empty tile. */
+static uint32_t recv_tile(rhd_t *h, int peer, uint32_t msg, uint32_t t) {
   size_t off, bytes = tile(h, t, &off);
   if (!bytes)
-    return;
+    return UINT32_MAX;
   uint32_t v = plan_add(
       h->b,
       &(plan_step_t){
@@ -81,6 +87,7 @@ static void recv_tile(rhd_t *h, int peer, uint32_t msg, uint32_t t) {
   plan_dep(h->b, h->wr[t], v);
   plan_dep(h->b, h->rd[t], v);
   h->wr[t] = v;
+  return v;
 }
 
 /* Receive a tile into scratch and reduce it with this rank's value:
@@ -154,6 +161,7 @@ int algo_rhd_allreduce(const algo_args_t *a, plan_t **out) {
   b.plan->scratch_bytes = RHD_SLOTS * h.slot_bytes;
   for (int i = 0; i < RHD_SLOTS; i++)
     h.slot_user[i] = UINT32_MAX;
+  algo_pace_init(&h.pace);
   h.wr = malloc(sizeof(uint32_t) * ntiles);
   h.rd = malloc(sizeof(uint32_t) * ntiles);
   if (!h.wr || !h.rd) {
@@ -165,6 +173,7 @@ int algo_rhd_allreduce(const algo_args_t *a, plan_t **out) {
 
   const uint32_t unfold = (uint32_t)(2 * lg + 1) * ntiles;
   if (extra) {
+    algo_pace_init(&h.pace);
     for (uint32_t t = 0; t < ntiles; t++)
       send_tile(&h, r + 1, t, t);
     for (uint32_t t = 0; t < ntiles; t++)
@@ -181,6 +190,7 @@ int algo_rhd_allreduce(const algo_args_t *a, plan_t **out) {
     const int lo = vr & ~(2 * m - 1);
     const int keep = (vr & m) ? lo + m : lo;
     const uint32_t msg0 = (uint32_t)(1 + j) * ntiles;
+    algo_pace_init(&h.pace);
     for (uint32_t t = (uint32_t)lo * h.nchs; t < (uint32_t)(lo + 2 * m) * h.nchs; t++) {
       int k = (int)(t / h.nchs);
       if (k >= keep && k < keep + m)
@@ -205,14 +215,24 @@ int algo_rhd_allreduce(const algo_args_t *a, plan_t **out) {
     const int mylo = vr & ~(m - 1), plo = pv & ~(m - 1);
     const int lo = mylo < plo ? mylo : plo;
     const uint32_t msg0 = (uint32_t)(1 + lg + j) * ntiles;
+    algo_pace_init(&h.pace);
     for (uint32_t t = (uint32_t)lo * h.nchs; t < (uint32_t)(lo + 2 * m) * h.nchs; t++) {
       int k = (int)(t / h.nchs);
-      if (k >= mylo && k < mylo + m)
+      if (k >= mylo && k < mylo + m) {
         send_tile(&h, peer, msg0 + t, t);
-      else
-        recv_tile(&h, peer, msg0 + t, t);
+      } else {
+        /* Also after our own tile at the same place is final (when the
+         * peer's is, about): its last reader, the reduce-scatter send,
+         * finishes long before, and receives posted that early filled
+         * max_posted ahead of the reduce-scatter's (4 ranks, 256 MiB: a
+         * deadlock). */
+        uint32_t own = (uint32_t)mylo * h.nchs + (t - (uint32_t)plo * h.nchs);
+        uint32_t before = h.wr[own];
+        plan_dep(&b, before, recv_tile(&h, peer, msg0 + t, t));
+      }
     }
   }
+  algo_pace_init(&h.pace);
   if (partner)
     for (uint32_t t = 0; t < ntiles; t++)
       send_tile(&h, r - 1, unfold + t, t);

@@ -25,7 +25,8 @@
  * Dependencies of chunk c:
  *   RS recv(s)   after the last reduce that read its scratch slot
  *   RS reduce(s) after RS recv(s)
- *   RS send(s)   after RS reduce(s-1)  (s >= 1; step 0 sends the input)
+ *   RS send(s)   after RS reduce(s-1)  (s >= 1; step 0 sends the input,
+ *                paced: after RS send(0) of chunk c - ALGO_PACE)
  *   SCALE        after RS reduce(n-2)  (AVG only)
  *   AG send(0)   after RS reduce(n-2) or SCALE
  *   AG recv(s)   after RS send(s)      (that range of recvbuf is being sent)
@@ -86,6 +87,9 @@ int algo_ring_allreduce(const algo_args_t *a, plan_t **out) {
   size_t slot_bytes = ((chunk_elems < max_seg ? chunk_elems : max_seg) * es + 63) & ~(size_t)63;
   b.plan->scratch_bytes = nslots * slot_bytes;
   uint32_t next_slot = 0;
+  algo_pace_t pace;
+
+  algo_pace_init(&pace);
 
   /* per chunk position, the step indices of the previous stages */
   uint32_t *red = malloc(sizeof(uint32_t) * (size_t)(n - 1) * nch);
@@ -126,6 +130,8 @@ int algo_ring_allreduce(const algo_args_t *a, plan_t **out) {
         uint32_t i = plan_add(&b, &st);
         if (s > 0)
           plan_dep(&b, red[IDX(s - 1, c)], i);
+        else
+          algo_pace(&b, &pace, i);
         rs_send[IDX(s, c)] = i;
       }
       if (lr) {

@@ -184,3 +184,59 @@ Test(coll_mp, shm_16_fan_in_small_chunks) {
   cr_assert_eq(r.timed_out, 0, "16-rank linear gather in 4 KiB chunks: timed out");
   cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
 }
+
+/* Allreduces cut into more chunks than a rank may keep posted (256): a
+ * rank's posted sends were all first-half sends its peer could not take
+ * yet, queued ahead of the second half's, and the peer's posted receives
+ * all second-half receives: both waited for good (2 ranks, 256 MiB in 256
+ * KiB chunks, by the ring, rhd and dbtree; algo_pace in algos.h). Here 16
+ * MiB in 16 KiB chunks, checked. */
+enum { BIG_COUNT = 4 << 20 };
+
+static int big_allreduce_main(int rank, int size, const char *addr, void *arg) {
+  chorus_comm_t *c;
+  chorus_result rc = chorus_comm_init(&c, rank, size, addr);
+  int32_t *v = malloc(BIG_COUNT * sizeof(*v));
+  int bad = 0;
+
+  (void)arg;
+  if (rc || !v) {
+    fprintf(stderr, "rank %d: init: %s: %s\n", rank, chorus_strerror(rc), chorus_last_error());
+    return 1;
+  }
+  for (int call = 0; call < 2 && !bad; call++) {
+    for (size_t i = 0; i < BIG_COUNT; i++)
+      v[i] = (int32_t)((size_t)rank * 7 + (size_t)call + i % 1000);
+    rc = chorus_allreduce(c, v, v, BIG_COUNT, CHORUS_INT32, CHORUS_SUM);
+    if (rc) {
+      fprintf(stderr, "rank %d: allreduce: %s: %s\n", rank, chorus_strerror(rc),
+              chorus_last_error());
+      bad++;
+    }
+    for (size_t i = 0; i < BIG_COUNT && !bad; i++) {
+      int32_t want = (int32_t)(7 * size * (size - 1) / 2 + size * (call + (int)(i % 1000)));
+      if (v[i] != want) {
+        fprintf(stderr, "rank %d: element %zu: %d, not %d\n", rank, i, v[i], want);
+        bad++;
+      }
+    }
+  }
+  rc = chorus_comm_destroy(c);
+  free(v);
+  return bad || rc ? 1 : 0;
+}
+
+static void run_big_allreduce(const char *algo, int n) {
+  char aenv[64];
+  snprintf(aenv, sizeof(aenv), "CHORUS_ALGO=allreduce=%s", algo);
+  const char *envs[] = {"CHORUS_PROVIDER=shm", aenv, "CHORUS_CHUNK_BYTES=16K", "CHORUS_SPIN_US=0",
+                        NULL};
+  mp_result_t r = mp_run(n, big_allreduce_main, NULL, 120, envs);
+  cr_assert_eq(r.timed_out, 0, "%s at %d ranks: timed out", algo, n);
+  cr_assert_eq(r.failed, 0, "%s at %d ranks: %d rank(s) failed", algo, n, r.failed);
+}
+
+Test(coll_mp, allreduce_chunks_past_max_posted) {
+  run_big_allreduce("ring", 2);
+  run_big_allreduce("dbtree", 4);
+}
