@@ -1107,7 +1107,8 @@ static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens
     return -ENOMEM;
   if (o->wait == OFI_WAIT_DOORBELL) {
     o->db_peers = calloc((size_t)n, sizeof(*o->db_peers));
-    if (!o->db_peers) {
+    o->sent = calloc((size_t)n, sizeof(*o->sent));
+    if (!o->db_peers || !o->sent) {
       rc = -ENOMEM;
       goto out_free_peers;
     }
@@ -1133,12 +1134,6 @@ static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens
       d->pid = pa.pid;
       d->sar = no_cma || !db_cma_works(pa.pid, pa.va, pa.nonce);
     }
-    o->sent = calloc((size_t)n, sizeof(*o->sent));
-    if (!o->sent) {
-      rc = -ENOMEM;
-      ofi_seterr(o, "add_peers: out of memory");
-      goto out_unmap_peers;
-    }
   }
   return 0;
 
@@ -1152,6 +1147,10 @@ out_unmap_peers:
   }
   /* AV entries already inserted stay: a second add_peers is refused anyway. */
 out_free_peers:
+  free(o->db_peers);
+  o->db_peers = NULL;
+  free(o->sent);
+  o->sent = NULL;
   free(o->peers);
   o->peers = NULL;
   return rc;
