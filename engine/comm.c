@@ -1009,10 +1009,14 @@ chorus_result comm_start(chorus_comm_t *c) {
   c->ex.scratch_keep = c->set.buffsize;
   c->ex.trace = c->set.trace;
   c->ex.checksum = c->set.checksum;
+  /* the transport holds pm a direction; one a peer is kept for the pairs'
+   * oldest messages, which go past the budget (exec.h) */
   size_t pm = c->prov->ops->max_posted(c->prov);
-  c->ex.max_posted = c->set.max_posted < pm ? c->set.max_posted : pm;
-  if (c->ex.max_posted == 0)
-    c->ex.max_posted = 1;
+  size_t total = c->set.max_posted < pm ? c->set.max_posted : pm;
+  size_t keep = (size_t)(c->size - 1) < total / 2 ? (size_t)(c->size - 1) : total / 2;
+  c->ex.max_posted = total - keep ? total - keep : 1;
+  if ((rc = exec_ctx_set_peers(&c->ex, c->size)))
+    return comm_error(c, CHORUS_ERR_NO_MEMORY, "out of memory for the posting budget");
   if ((rc = progress_start(c)))
     return comm_error(c, CHORUS_ERR_INTERNAL, "starting the progress thread failed: %s",
                       strerror(-rc));

@@ -39,6 +39,7 @@ typedef struct exec_step {
   uint32_t borrow_left; /* RECV: consumers still to run before release */
   uint32_t borrow_from; /* consumer: the RECV it reads, or UINT32_MAX */
   uint8_t kind;         /* plan step kind (an orphaned run may not read its plan) */
+  int peer;             /* SEND/RECV: plan step peer (likewise) */
   uint64_t since_ns;    /* when it entered its state (ctx->trace only) */
   int err;              /* FAILED by the transport: its errno */
 } exec_step_t;
@@ -55,9 +56,13 @@ struct exec {
   uint16_t seq;
   exec_step_t *steps;
   uint32_t nsteps; /* plan->nsteps, for after the plan may be gone */
-  /* ready queues (step indices; each step is queued at most once per kind) */
-  uint32_t *q_local, *q_send, *q_recv;
-  uint32_t ql_head, ql_tail, qs_head, qs_tail, qr_head, qr_tail;
+  /* Ready local steps (step indices, each queued once), and the pairs
+   * (plan.h) whose next step to post is ready: circular, each pair at most
+   * once (inq). cur[p]: pair p's next step to post by message number,
+   * UINT32_MAX once all are posted. */
+  uint32_t *q_local, *q_send, *q_recv, *cur;
+  uint8_t *inq;
+  uint32_t ql_head, ql_tail, qs_head, qs_n, qr_head, qr_n;
   uint32_t ndone, nfailed;
   uint32_t nposted;      /* ops currently held by the provider */
   int status;            /* first error, 0 while fine */
@@ -93,14 +98,26 @@ static void notify_successors(exec_step_t *st) {
     fsm_dispatch(&ex->steps[ex->plan->succ[ps->succ_off + k]].fsm, &ev);
 }
 
+/* Pair p's next step is ready: queue the pair. */
+static void queue_pair(exec_t *ex, uint32_t p) {
+  const uint32_t cap = ex->plan->npairs;
+  ex->inq[p] = 1;
+  if (ex->plan->pairs[p].kind == STEP_SEND)
+    ex->q_send[(ex->qs_head + ex->qs_n++) % cap] = p;
+  else
+    ex->q_recv[(ex->qr_head + ex->qr_n++) % cap] = p;
+}
+
 static void enqueue_ready(exec_step_t *st) {
   exec_t *ex = st->ex;
+  uint32_t p;
   switch (ex->plan->steps[st->index].kind) {
   case STEP_SEND:
-    ex->q_send[ex->qs_tail++] = st->index;
-    break;
   case STEP_RECV:
-    ex->q_recv[ex->qr_tail++] = st->index;
+    /* posted when its pair gets to it: a pair's steps go in message order */
+    p = ex->plan->pair_of[st->index];
+    if (ex->cur[p] == st->index && !ex->inq[p])
+      queue_pair(ex, p);
     break;
   default:
     ex->q_local[ex->ql_tail++] = st->index;
@@ -189,8 +206,10 @@ static void a_complete(fsm_inst_t *i, const fsm_event_t *ev) {
 static void a_fail(fsm_inst_t *i, const fsm_event_t *ev) {
   exec_t *ex = step_of(i)->ex;
   ex->nfailed++;
-  if (!ex->status)
+  if (!ex->status) {
     ex->status = ev->arg ? (int)ev->arg : CHORUS_ERR_TRANSPORT;
+    ex->ctx->requeue = true; /* its pairs no longer hold later runs back */
+  }
 }
 
 static const fsm_row_t step_rows[] = {
@@ -306,6 +325,8 @@ static void step_done(prov_op_t *op, int status, size_t len) {
     ex->ctx->posted_sends--;
   else
     ex->ctx->posted_recvs--;
+  if (ex->ctx->inflight && !(ex->msg_or & EXEC_MSG_P2P))
+    ex->ctx->inflight[2 * (size_t)st->peer + (st->kind == STEP_RECV)]--;
   if (ex->orphan) /* its plan may be gone: only the count matters */
     return;
   const plan_step_t *ps = &ex->plan->steps[st->index];
@@ -397,7 +418,7 @@ static void find_borrowable(exec_t *ex) {
 
 static size_t exec_bytes(uint32_t n) {
   size_t head = (sizeof(exec_t) + 63) & ~(size_t)63;
-  return head + (size_t)n * sizeof(exec_step_t) + 3 * (size_t)n * sizeof(uint32_t);
+  return head + (size_t)n * sizeof(exec_step_t) + 4 * (size_t)n * sizeof(uint32_t) + n;
 }
 
 static exec_t *exec_alloc(exec_ctx_t *ctx, uint32_t n) {
@@ -435,6 +456,12 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
   ex->nsteps = n;
   ex->q_send = ex->q_local + n;
   ex->q_recv = ex->q_send + n;
+  ex->cur = ex->q_recv + n;
+  ex->inq = (uint8_t *)(ex->cur + n);
+  for (uint32_t p = 0; p < plan->npairs; p++) {
+    ex->cur[p] = plan->pairs[p].first;
+    ex->inq[p] = 0;
+  }
   if (plan->scratch_bytes) {
     /* the cached buffer serves plans up to CHORUS_BUFFSIZE; a larger one
      * gets its own scratch for the run, freed when it ends */
@@ -485,6 +512,7 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
     st->ex = ex;
     st->borrow_from = UINT32_MAX;
     st->kind = plan->steps[i].kind;
+    st->peer = plan->steps[i].peer;
   }
   find_borrowable(ex);
   return ex;
@@ -582,6 +610,8 @@ static int post_step(exec_ctx_t *ctx, exec_t *ex, uint32_t idx) {
       ctx->posted_sends++;
     else
       ctx->posted_recvs++;
+    if (ctx->inflight && !(ex->msg_or & EXEC_MSG_P2P))
+      ctx->inflight[2 * (size_t)ps->peer + (ps->kind == STEP_RECV)]++;
     fsm_event_t ev = {.sig = E_POSTED};
     fsm_dispatch(&st->fsm, &ev);
   } else if (rc != -EAGAIN) {
@@ -605,6 +635,86 @@ static void exec_cancel(exec_ctx_t *ctx, exec_t *ex) {
   }
 }
 
+/* Whether no older run still has steps of pair p's kind and peer to post:
+ * a pair's messages are posted in the order of the calls, then of their
+ * message numbers, the order the peer posts the other side in. Point-to-point
+ * runs stand apart (the user orders them). */
+static bool pair_owned(const exec_ctx_t *ctx, const exec_t *ex, uint32_t p) {
+  const plan_pair_t *pp = &ex->plan->pairs[p];
+
+  if (ctx->active == ex || (ex->msg_or & EXEC_MSG_P2P))
+    return true;
+  for (const exec_t *o = ctx->active; o && o != ex; o = o->next) {
+    if (o->status || (o->msg_or & EXEC_MSG_P2P)) /* a failed run's plan may be gone */
+      continue;
+    uint32_t q = plan_find_pair(o->plan, pp->kind, pp->peer);
+    if (q != UINT32_MAX && o->cur[q] != UINT32_MAX)
+      return false;
+  }
+  return true;
+}
+
+/* Within the posting budget; past it, a pair's oldest message (nothing of
+ * its pair held by the transport) still goes: every pair can always move
+ * its next message, so a schedule the verifier passed can not deadlock on
+ * the budget, however small (verify.c checks it one message at a time per
+ * pair). */
+static bool may_post(const exec_ctx_t *ctx, const exec_t *ex, uint32_t p) {
+  const plan_pair_t *pp = &ex->plan->pairs[p];
+  const bool send = pp->kind == STEP_SEND;
+
+  if ((send ? ctx->posted_sends : ctx->posted_recvs) < ctx->max_posted)
+    return true;
+  return ctx->inflight && !(ex->msg_or & EXEC_MSG_P2P) &&
+         ctx->inflight[2 * (size_t)pp->peer + !send] == 0;
+}
+
+/* Posts what the queued pairs of one kind have ready, round robin over the
+ * pairs. Returns 0, or the error a post failed with (the run then fails). */
+static int post_pairs(exec_ctx_t *ctx, exec_t *ex, bool send, size_t *moved) {
+  uint32_t *q = send ? ex->q_send : ex->q_recv;
+  uint32_t *head = send ? &ex->qs_head : &ex->qr_head, *n = send ? &ex->qs_n : &ex->qr_n;
+  const uint32_t cap = ex->plan->npairs;
+  uint32_t tries = *n; /* pairs looked at since the last post */
+
+  while (*n && tries) {
+    const uint32_t p = q[*head], idx = ex->cur[p];
+    *head = (*head + 1) % cap;
+    (*n)--;
+    if (!pair_owned(ctx, ex, p)) { /* ctx->requeue brings it back */
+      ex->inq[p] = 0;
+      tries--;
+      continue;
+    }
+    if (!may_post(ctx, ex, p)) {
+      q[(*head + (*n)++) % cap] = p;
+      tries--;
+      continue;
+    }
+    int rc = post_step(ctx, ex, idx);
+    if (rc == -EAGAIN) { /* this peer's window, or the transport full: the others may go */
+      ctx->stalled = true;
+      q[(*head + (*n)++) % cap] = p;
+      tries--;
+      continue;
+    }
+    (*moved)++;
+    const uint32_t nx = ex->plan->pair_next[idx];
+    ex->cur[p] = nx;
+    if (nx != UINT32_MAX && ex->steps[nx].fsm.state == S_READY) {
+      q[(*head + (*n)++) % cap] = p;
+    } else {
+      ex->inq[p] = 0;
+      if (nx == UINT32_MAX && ctx->active != ctx->active_tail)
+        ctx->requeue = true; /* a later run may wait for this pair */
+    }
+    if (rc)
+      return rc;
+    tries = *n;
+  }
+  return 0;
+}
+
 /* One pass over one run; returns steps advanced. */
 static size_t drive_one(exec_ctx_t *ctx, exec_t *ex) {
   size_t moved = 0;
@@ -612,28 +722,8 @@ static size_t drive_one(exec_ctx_t *ctx, exec_t *ex) {
   if (ex->status)
     return 0;
   /* receives first: a posted receive lets the peer's send complete */
-  while (ex->qr_head < ex->qr_tail && ctx->posted_recvs < ctx->max_posted) {
-    int rc = post_step(ctx, ex, ex->q_recv[ex->qr_head]);
-    if (rc == -EAGAIN) {
-      ctx->stalled = true;
-      break;
-    }
-    ex->qr_head++;
-    moved++;
-    if (rc)
-      return moved;
-  }
-  while (ex->qs_head < ex->qs_tail && ctx->posted_sends < ctx->max_posted) {
-    int rc = post_step(ctx, ex, ex->q_send[ex->qs_head]);
-    if (rc == -EAGAIN) {
-      ctx->stalled = true;
-      break;
-    }
-    ex->qs_head++;
-    moved++;
-    if (rc)
-      return moved;
-  }
+  if (post_pairs(ctx, ex, false, &moved) || post_pairs(ctx, ex, true, &moved))
+    return moved;
   /* local steps (copies, reductions) last: what is ready to go on the wire
    * is on its way while we copy (the root of a 64 MiB bcast copied its buffer
    * for 15 ms before its first send; its receiver waited) */
@@ -643,6 +733,20 @@ static size_t drive_one(exec_ctx_t *ctx, exec_t *ex) {
     moved++;
   }
   return moved;
+}
+
+/* Queues again the pairs that were held back by an older run (pair_owned). */
+static void requeue_pairs(exec_ctx_t *ctx) {
+  ctx->requeue = false;
+  for (exec_t *ex = ctx->active; ex; ex = ex->next) {
+    if (ex->status)
+      continue;
+    for (uint32_t p = 0; p < ex->plan->npairs; p++) {
+      uint32_t idx = ex->cur[p];
+      if (idx != UINT32_MAX && !ex->inq[p] && ex->steps[idx].fsm.state == S_READY)
+        queue_pair(ex, p);
+    }
+  }
 }
 
 /* Step i of a run as dumps and the watchdog see it. */
@@ -680,6 +784,8 @@ size_t exec_drive(exec_ctx_t *ctx) {
   ctx->stalled = false;
   while (ex) {
     exec_t *next = ex->next;
+    if (ctx->requeue)
+      requeue_pairs(ctx);
     if (!ex->orphan)
       moved += drive_one(ctx, ex);
     if (ex->status && !ex->canceling) {
@@ -789,6 +895,15 @@ void exec_trim(exec_ctx_t *ctx, uint64_t now) {
   }
 }
 
+int exec_ctx_set_peers(exec_ctx_t *ctx, int nranks) {
+  uint32_t *f = calloc(2 * (size_t)(nranks > 0 ? nranks : 1), sizeof(*f));
+  if (!f)
+    return -ENOMEM;
+  free(ctx->inflight);
+  ctx->inflight = f;
+  return 0;
+}
+
 void exec_ctx_fini(exec_ctx_t *ctx) {
   /* runs left behind (orphans, after the transport closed): free them */
   while (ctx->active) {
@@ -807,4 +922,6 @@ void exec_ctx_fini(exec_ctx_t *ctx) {
   ctx->big_bytes = 0;
   free(ctx->spare);
   ctx->spare = NULL;
+  free(ctx->inflight);
+  ctx->inflight = NULL;
 }

@@ -44,8 +44,15 @@ typedef struct exec_ctx {
   prov_t *prov;
   int rank;
   uint8_t comm_id;
-  size_t max_posted; /* per direction */
+  /* Posting budget per direction. Past it, a pair's next message still goes
+   * when nothing else of that pair is held by the transport (exec.c), so up
+   * to one more per peer: the transport must hold max_posted + nranks - 1. */
+  size_t max_posted;
   size_t posted_sends, posted_recvs;
+  /* [2 * peer + (0 send, 1 receive)]: operations of collectives held by the
+   * transport; NULL: no posting past the budget (exec_ctx_set_peers) */
+  uint32_t *inflight;
+  bool requeue;   /* pairs an older run held back may go (exec.c) */
   bool stalled;   /* the last drive met -EAGAIN: retry on a timer, not on the fd */
   bool trace;     /* time-stamp steps (CHORUS_TRACE) for dumps and the watchdog */
   bool checksum;  /* CHORUS_CHECKSUM: immediate data = fingerprint hash | CRC-32C */
@@ -71,6 +78,9 @@ typedef struct exec_ctx {
 } exec_ctx_t;
 
 typedef void (*exec_done_fn)(exec_t *ex, int status, void *arg);
+
+/* Sizes ctx->inflight for a communicator of nranks. Returns 0 or -ENOMEM. */
+int exec_ctx_set_peers(exec_ctx_t *ctx, int nranks);
 
 /* Creates a run of `plan` over the given buffers (the plan is borrowed and
  * must outlive the run). Returns NULL on allocation failure. */

@@ -111,6 +111,8 @@ int plan_build_end(plan_builder_t *b, plan_t **out) {
   size_t used = plan_extent(p, BUF_SCRATCH);
   if (used < p->scratch_bytes)
     p->scratch_bytes = used;
+  if ((rc = plan_pair_up(p)))
+    goto out_free;
   *out = p;
   b->plan = NULL;
   return 0;
@@ -128,7 +130,88 @@ void plan_free(plan_t *p) {
     return;
   free(p->steps);
   free(p->succ);
+  free(p->pairs);
+  free(p->pair_of);
   free(p);
+}
+
+typedef struct {
+  uint64_t key; /* kind (send 0, recv 1) | peer | message */
+  uint32_t i;
+} pair_key_t;
+
+static int cmp_pair_key(const void *a, const void *b) {
+  const pair_key_t *x = a, *y = b;
+  if (x->key != y->key)
+    return x->key < y->key ? -1 : 1;
+  return x->i < y->i ? -1 : x->i > y->i;
+}
+
+static uint64_t pair_key(uint8_t kind, int peer, uint32_t msg) {
+  return ((uint64_t)(kind == STEP_RECV) << 56) | ((uint64_t)(uint32_t)peer << 24) |
+         (msg & 0xffffffu);
+}
+
+int plan_pair_up(plan_t *p) {
+  uint32_t n = 0, np = 0;
+  pair_key_t *v = malloc(((size_t)p->nsteps + 1) * sizeof(*v));
+  uint32_t *of = malloc(((size_t)p->nsteps * 2 + 1) * sizeof(*of));
+  plan_pair_t *pairs = NULL;
+
+  if (!v || !of)
+    goto nomem;
+  for (uint32_t i = 0; i < p->nsteps; i++) {
+    const plan_step_t *s = &p->steps[i];
+    of[i] = of[p->nsteps + i] = UINT32_MAX;
+    if (s->kind == STEP_SEND || s->kind == STEP_RECV)
+      v[n++] = (pair_key_t){pair_key(s->kind, s->peer, s->msg), i};
+  }
+  qsort(v, n, sizeof(*v), cmp_pair_key);
+  for (uint32_t j = 0; j < n; j++)
+    if (j == 0 || v[j].key >> 24 != v[j - 1].key >> 24)
+      np++;
+  if (!(pairs = malloc((np ? np : 1) * sizeof(*pairs))))
+    goto nomem;
+  np = 0;
+  for (uint32_t j = 0; j < n; j++) {
+    const plan_step_t *s = &p->steps[v[j].i];
+    if (j == 0 || v[j].key >> 24 != v[j - 1].key >> 24)
+      pairs[np++] = (plan_pair_t){.kind = s->kind, .peer = s->peer, .first = v[j].i};
+    else
+      of[p->nsteps + v[j - 1].i] = v[j].i;
+    of[v[j].i] = np - 1;
+  }
+  free(v);
+  free(p->pairs);
+  free(p->pair_of);
+  p->pairs = pairs;
+  p->npairs = np;
+  p->pair_of = of;
+  p->pair_next = of + p->nsteps;
+  return 0;
+
+nomem:
+  free(v);
+  free(of);
+  free(pairs);
+  return -ENOMEM;
+}
+
+uint32_t plan_find_pair(const plan_t *p, uint8_t kind, int peer) {
+  uint32_t lo = 0, hi = p->npairs;
+  uint64_t key = pair_key(kind, peer, 0) >> 24;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    const plan_pair_t *q = &p->pairs[mid];
+    uint64_t k = pair_key(q->kind, q->peer, 0) >> 24;
+    if (k == key)
+      return mid;
+    if (k < key)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return UINT32_MAX;
 }
 
 int plan_step_refs(const plan_step_t *s, plan_ref_t refs[3]) {

@@ -47,6 +47,16 @@ typedef struct plan_step {
   uint32_t nsucc;
 } plan_step_t;
 
+/* The SENDs to one peer, or the RECVs from one peer, of a plan: a pair.
+ * The executor posts each pair's steps in the order of their message
+ * numbers (exec.c), and the verifier checks that this order can not
+ * deadlock (verify.c). */
+typedef struct plan_pair {
+  uint8_t kind; /* STEP_SEND or STEP_RECV */
+  int peer;
+  uint32_t first; /* its step with the lowest message number */
+} plan_pair_t;
+
 typedef struct plan {
   const char *algo; /* "ring", ... */
   int rank, nranks;
@@ -60,6 +70,11 @@ typedef struct plan {
   uint32_t *succ;  /* successor lists, CSR */
   uint32_t nmsgs;  /* msg numbers used are < nmsgs */
   uint32_t nxbufs; /* extra buffers the run supplies (composed plans; 0 for algorithms) */
+  /* pairs (plan_build_end): sorted by (kind, peer) */
+  uint32_t npairs;
+  plan_pair_t *pairs;
+  uint32_t *pair_of;   /* [nsteps]: a SEND's or RECV's pair, UINT32_MAX for local steps */
+  uint32_t *pair_next; /* [nsteps]: the next step of its pair by message number, or UINT32_MAX */
 } plan_t;
 
 /* ---- building ---- */
@@ -79,9 +94,16 @@ int plan_build_begin(plan_builder_t *b, const char *algo, int rank, int nranks, 
 uint32_t plan_add(plan_builder_t *b, const plan_step_t *s);
 /* `to` waits for `from`. UINT32_MAX on either side is ignored (no step). */
 void plan_dep(plan_builder_t *b, uint32_t from, uint32_t to);
-/* Finish: builds the successor lists. Returns 0 with *out set, or -ENOMEM. */
+/* Finish: builds the successor lists and the pairs. Returns 0 with *out
+ * set, or -ENOMEM. */
 int plan_build_end(plan_builder_t *b, plan_t **out);
 void plan_free(plan_t *p);
+/* (Re)builds p's pairs from its steps' kinds, peers and message numbers
+ * (plan_build_end does; a caller that rewrites them calls it again).
+ * Returns 0 or -ENOMEM (p's pairs then unchanged). */
+int plan_pair_up(plan_t *p);
+/* The pair of (kind, peer) in p, or UINT32_MAX. */
+uint32_t plan_find_pair(const plan_t *p, uint8_t kind, int peer);
 
 /* ---- inspecting and composing ---- */
 /* The buffer references step `s` reads or writes (SEND: src; RECV: dst;

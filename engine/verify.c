@@ -15,6 +15,15 @@
  *        rank 1:  RECV m0<-0 --> SEND m1->0        waits for RECV m1, whose pair
  *                                                  waits for RECV m0: a cycle
  *
+ *      A message also waits for the one before it on its pair (the same
+ *      sender and receiver, by message number): the executor posts a pair's
+ *      messages in that order, and past its posting budget only the oldest
+ *      of each pair (exec.c), so the schedule must complete even one
+ *      message at a time per pair:
+ *
+ *        rank 0:  RECV m5<-1 --> SEND m0->1,  SEND m1->1 after SEND m0
+ *        rank 1:  RECV m1<-0 --> SEND m5->0                  a cycle too
+ *
  *      Steps left over lie on or behind a cycle. To name it, each stuck
  *      step points to something it waits for (a stuck predecessor, or its
  *      stuck mate); following those pointers from any stuck step must
@@ -48,6 +57,7 @@
 
 typedef struct {
   uint32_t rank, step;
+  bool after; /* on a cycle's path: waits for the message before it on its pair */
 } vnode_t;
 
 /* One run of Kahn's algorithm over ranks 0 .. nq-1 (nq: the period, or
@@ -66,6 +76,8 @@ typedef struct {
   size_t fhead, fn;
   uint32_t cur; /* the rank worked on (not in the FIFO), or UINT32_MAX */
   uint64_t done;
+  uint32_t **pnext; /* [nshapes]: per shape (of a rank < nq), each SEND/RECV's
+                       next one to the same peer (pair_chains), or V_END */
 } kahn_t;
 
 static int vfail(char *err, size_t errlen, int rc, const char *fmt, ...) {
@@ -105,6 +117,48 @@ static void release(kahn_t *k, uint32_t r, uint32_t i) {
   for (uint32_t e = w->steps[i].succ; e < w->steps[i + 1].succ; e++)
     if (--cnt[w->succ[e] * stride] == 0)
       ready(k, r, w->succ[e]);
+  uint32_t nx = k->pnext[k->g->shape_of[r]][i];
+  if (nx != V_END && --cnt[nx * stride] == 0)
+    ready(k, r, nx);
+}
+
+/* The executor posts a rank's messages to one peer, and its receives from
+ * one peer, in the order of their message numbers, and past its posting
+ * budget only the oldest of each (exec.c). So a message waits for the one
+ * before it on its pair, sender and receiver agreeing which that is: the
+ * schedule must complete even one message at a time per pair. next[i]: the
+ * SEND (RECV) after step i to (from) the same peer by message number, V_END
+ * for none or a local step. Returns 0 or -ENOMEM. */
+typedef struct {
+  uint64_t key;
+  uint32_t i;
+} pair_key_t;
+
+static int cmp_pair_key(const void *a, const void *b) {
+  uint64_t x = ((const pair_key_t *)a)->key, y = ((const pair_key_t *)b)->key;
+  return x < y ? -1 : x > y;
+}
+
+static int pair_chains(const sim_shape_t *sh, uint32_t *next) {
+  uint32_t n = 0;
+  pair_key_t *v = malloc(((size_t)sh->nsends + sh->nrecvs + 1) * sizeof(*v));
+
+  if (!v)
+    return -ENOMEM;
+  for (uint32_t i = 0; i < sh->nsteps; i++) {
+    const sim_step_t *s = &sh->steps[i];
+    next[i] = V_END;
+    if (comm_kind(s->kind))
+      v[n++] = (pair_key_t){((uint64_t)(s->kind == STEP_RECV) << 56) |
+                                ((uint64_t)(uint32_t)s->peer << 24) | s->msg,
+                            i};
+  }
+  qsort(v, n, sizeof(*v), cmp_pair_key);
+  for (uint32_t j = 0; j + 1 < n; j++)
+    if (v[j].key >> 24 == v[j + 1].key >> 24)
+      next[v[j].i] = v[j + 1].i;
+  free(v);
+  return 0;
 }
 
 static int describe(const sim_graph_t *g, vnode_t v, char *buf, size_t len) {
@@ -126,7 +180,7 @@ static int explain_cycle(kahn_t *k, char *err, size_t errlen) {
   uint32_t **seen = calloc((size_t)n, sizeof(*seen));
   vnode_t *path = NULL;
   size_t plen = 0, pcap = 0;
-  vnode_t cur = {UINT32_MAX, 0};
+  vnode_t cur = {UINT32_MAX, 0, false};
   int rc = -EDEADLK;
 
   if (!blocker || !seen) {
@@ -136,7 +190,7 @@ static int explain_cycle(kahn_t *k, char *err, size_t errlen) {
   for (int r = 0; r < n && cur.rank == UINT32_MAX; r++)
     for (uint32_t i = 0; i < shape(g, (uint32_t)r)->nsteps; i++)
       if (*sim_counter(&k->c, (uint32_t)r, i) != V_DONE) {
-        cur = (vnode_t){(uint32_t)r, i};
+        cur = (vnode_t){(uint32_t)r, i, false};
         break;
       }
   if (cur.rank == UINT32_MAX)
@@ -150,10 +204,14 @@ static int explain_cycle(kahn_t *k, char *err, size_t errlen) {
         rc = -ENOMEM;
         goto out;
       }
+      const uint32_t *nx = k->pnext[g->shape_of[cur.rank]];
       for (uint32_t u = 0; u < sh->nsteps; u++)
-        if (*sim_counter(&k->c, cur.rank, u) != V_DONE)
+        if (*sim_counter(&k->c, cur.rank, u) != V_DONE) {
           for (uint32_t e = sh->steps[u].succ; e < sh->steps[u + 1].succ; e++)
             blocker[cur.rank][sh->succ[e]] = u;
+          if (nx[u] != V_END) /* high bit: the pair's order */
+            blocker[cur.rank][nx[u]] = u | 0x80000000u;
+        }
     }
     if (seen[cur.rank][cur.step])
       break;
@@ -174,9 +232,11 @@ static int explain_cycle(kahn_t *k, char *err, size_t errlen) {
      * predecessor that never finished */
     if (*sim_counter(&k->c, cur.rank, cur.step) == V_POSTED) {
       int p = sim_graph_peer(g, (int)cur.rank, s);
-      cur = (vnode_t){(uint32_t)p, sim_graph_mate(g, (int)cur.rank, cur.step, p)};
+      cur = (vnode_t){(uint32_t)p, sim_graph_mate(g, (int)cur.rank, cur.step, p), false};
     } else {
-      cur = (vnode_t){cur.rank, blocker[cur.rank][cur.step]};
+      uint32_t b = blocker[cur.rank][cur.step];
+      path[plen - 1].after = (b & 0x80000000u) != 0;
+      cur = (vnode_t){cur.rank, b & 0x7fffffffu, false};
     }
   }
   size_t start = seen[cur.rank][cur.step] - 1, len = plen - start;
@@ -214,6 +274,7 @@ static int explain_cycle(kahn_t *k, char *err, size_t errlen) {
     if (off < sizeof(msg) - 1)
       off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%s",
                               *sim_counter(&k->c, a.rank, a.step) == V_POSTED ? " pairs with "
+                              : a.after                                       ? " is posted after "
                                                                               : " waits for ");
   }
   if (off < sizeof(msg) - 1)
@@ -245,16 +306,34 @@ static int check_acyclic(sim_graph_t *g, int nq, char *err, size_t errlen) {
 
   k.head = malloc((size_t)nq * sizeof(*k.head));
   k.fifo = malloc((size_t)nq * sizeof(*k.fifo));
-  if (!k.head || !k.fifo || (rc = sim_run_init(&k.c, g, nq))) {
+  k.pnext = calloc(g->nshapes, sizeof(*k.pnext));
+  if (!k.head || !k.fifo || !k.pnext || (rc = sim_run_init(&k.c, g, nq))) {
     rc = -ENOMEM;
     goto out;
   }
+  /* a rank reaching every shape, for explain_cycle: all of them (nq is
+   * every rank when it runs) */
+  for (int r = 0; r < g->nranks; r++) {
+    uint32_t si = g->shape_of[r];
+    if (k.pnext[si])
+      continue;
+    if (!(k.pnext[si] = malloc(((size_t)g->shapes[si].nsteps + 1) * sizeof(uint32_t))) ||
+        pair_chains(&g->shapes[si], k.pnext[si])) {
+      rc = -ENOMEM;
+      goto out;
+    }
+  }
   for (int r = 0; r < nq; r++) {
     const sim_shape_t *sh = shape(g, (uint32_t)r);
+    const uint32_t *nx = k.pnext[g->shape_of[r]];
     total += sh->nsteps;
     k.head[r] = V_END;
+    for (uint32_t i = 0; i < sh->nsteps; i++)
+      if (nx[i] != V_END)
+        ++*sim_counter(&k.c, (uint32_t)r, nx[i]);
     for (uint32_t j = sh->nroots; j-- > 0;)
-      ready(&k, (uint32_t)r, sh->roots[j]);
+      if (*sim_counter(&k.c, (uint32_t)r, sh->roots[j]) == 0)
+        ready(&k, (uint32_t)r, sh->roots[j]);
   }
   while (k.fn) {
     const uint32_t r = k.fifo[k.fhead];
@@ -290,6 +369,9 @@ out:
     vfail(err, errlen, rc, "out of memory ordering %" PRIu64 " steps", g->nsteps);
   free(k.head);
   free(k.fifo);
+  for (uint32_t si = 0; k.pnext && si < g->nshapes; si++)
+    free(k.pnext[si]);
+  free(k.pnext);
   sim_run_fini(&k.c);
   return rc;
 }

@@ -4,7 +4,9 @@
  * A collective's plans, one per rank, are checked together: every SEND has
  * exactly one RECV of equal size on its peer (same source, destination and
  * message number), and the graph of all ranks' steps, with an edge from each
- * send to its receive and from each step to its successors, has no cycle.
+ * send to its receive, from each step to its successors, and from each
+ * message to the next one of the same sender and receiver by message number
+ * (the order the executor posts them in), has no cycle.
  * Algorithms are pure functions, so any rank can build its peers' plans and
  * check the whole schedule on its own.
  */

@@ -40,10 +40,11 @@
 
 #define RING_SCRATCH_SLOTS 8
 
-/* Steps are built chunk-major (chunk c's reduce-scatter and allgather steps,
- * then chunk c+1's). Every dependency, and every scratch slot's reuse, points
- * to an earlier position in that order, which is the same on every rank and
- * pairs each send with its receive, so no cycle can form across ranks. */
+/* Steps are built in message order: step by step, chunk by chunk within a
+ * step. Every dependency, and every scratch slot's reuse, points to an
+ * earlier message in that order, which is the order in which the executor
+ * posts a pair's messages (exec.c), so no cycle can form across ranks
+ * whatever the posting budget. */
 
 int algo_ring_allreduce(const algo_args_t *a, plan_t **out) {
   const int rank = a->rank, nranks = a->nranks;
@@ -106,11 +107,11 @@ int algo_ring_allreduce(const algo_args_t *a, plan_t **out) {
 
   for (uint32_t i = 0; i < nslots; i++)
     slot_user[i] = UINT32_MAX;
-  /* Chunk-major: all of chunk c (reduce-scatter, then allgather) before
-   * chunk c+1, so that scratch slots are taken, and dependencies point, only
-   * backwards in one order shared by every rank. */
-  for (uint32_t c = 0; c < nch; c++) {
-    for (int s = 0; s < n - 1; s++) {
+  /* Message order: reduce-scatter steps, then allgather steps, each chunk
+   * by chunk, so that scratch slots are taken, and dependencies point, only
+   * backwards in the order every rank posts a pair's messages in. */
+  for (int s = 0; s < n - 1; s++) {
+    for (uint32_t c = 0; c < nch; c++) {
       int ks = algo_mod(r - s, n), kr = algo_mod(r - s - 1, n);
       size_t cs = (size_t)c * chunk_elems;
       size_t ns = algo_seg_count(count, n, ks), nr = algo_seg_count(count, n, kr);
@@ -156,7 +157,9 @@ int algo_ring_allreduce(const algo_args_t *a, plan_t **out) {
         slot_user[slot] = j;
       }
     }
-    for (int s = 0; s < n - 1; s++) {
+  }
+  for (int s = 0; s < n - 1; s++) {
+    for (uint32_t c = 0; c < nch; c++) {
       int ks = algo_mod(r + 1 - s, n), kr = algo_mod(r - s, n);
       size_t cs = (size_t)c * chunk_elems;
       size_t ns = algo_seg_count(count, n, ks), nr = algo_seg_count(count, n, kr);

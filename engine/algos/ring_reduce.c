@@ -19,7 +19,9 @@
  * root's own send of that range. Steps are emitted chunk-major (all of chunk
  * c, then c+1), the same order on every rank, and every dependency points
  * backwards in it: no cycle can form.
- * Message numbers: RS step s chunk c is s*nch + c; gather (n-1)*nch + c.
+ * Message numbers, chunk-major too: RS step s chunk c is c*n + s; gather
+ * c*n + n-1, so that the executor, which posts a pair's messages in the
+ * order of their numbers, posts them in the order above.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -80,7 +82,7 @@ int algo_ring_reduce(const algo_args_t *a, plan_t **out) {
       const size_t ns = algo_seg_count(count, n, ks), nr = algo_seg_count(count, n, kr);
       const size_t ls = cs < ns ? (ns - cs < ce ? ns - cs : ce) : 0;
       const size_t lr = cs < nr ? (nr - cs < ce ? nr - cs : ce) : 0;
-      const uint32_t msg = (uint32_t)s * nch + c;
+      const uint32_t msg = (uint32_t)c * (uint32_t)n + (uint32_t)s;
       rs_send[s] = UINT32_MAX;
       if (ls) {
         plan_ref_t src =
@@ -120,11 +122,12 @@ int algo_ring_reduce(const algo_args_t *a, plan_t **out) {
         plan_dep(&b, red, last);
       }
       if (!is_root) {
-        uint32_t st = plan_add(&b, &(plan_step_t){.kind = STEP_SEND,
-                                                  .peer = root,
-                                                  .msg = (uint32_t)(n - 1) * nch + c,
-                                                  .bytes = len * es,
-                                                  .src = part});
+        uint32_t st =
+            plan_add(&b, &(plan_step_t){.kind = STEP_SEND,
+                                        .peer = root,
+                                        .msg = (uint32_t)c * (uint32_t)n + (uint32_t)(n - 1),
+                                        .bytes = len * es,
+                                        .src = part});
         plan_dep(&b, last, st);
         user[slot] = st;
       }
@@ -139,7 +142,7 @@ int algo_ring_reduce(const algo_args_t *a, plan_t **out) {
       uint32_t rv =
           plan_add(&b, &(plan_step_t){.kind = STEP_RECV,
                                       .peer = o,
-                                      .msg = (uint32_t)(n - 1) * nch + c,
+                                      .msg = (uint32_t)c * (uint32_t)n + (uint32_t)(n - 1),
                                       .bytes = (nk - cs < ce ? nk - cs : ce) * es,
                                       .dst = {BUF_RECV, (algo_seg_start(count, n, k) + cs) * es}});
       /* the root sent its partial of segment k from here at step (r - k) */

@@ -21,8 +21,10 @@
  *   reduce(s) after recv(s)
  *   send(s)   after reduce(s-1) (s >= 1; step 0 sends the input)
  *   SCALE     after the last reduce (AVG only; rank r scales its block)
- * Message of step s, chunk c: s*k + c. Built chunk-major, so dependencies
- * and slot reuse point backwards in one order shared by all ranks.
+ * Message of step s, chunk c: c*(n-1) + s. Built chunk-major, so
+ * dependencies and slot reuse point backwards in one order shared by all
+ * ranks, the order of the message numbers, in which the executor posts a
+ * pair's messages.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -66,7 +68,7 @@ int algo_ring_reduce_scatter(const algo_args_t *a, plan_t **out) {
     uint32_t red = UINT32_MAX, held_slot = 0;
     for (int s = 0; s < n - 1; s++) {
       size_t ks = (size_t)algo_mod(r - s - 1, n), kr = (size_t)algo_mod(r - s - 2, n);
-      uint32_t msg = (uint32_t)((size_t)s * nch + c);
+      uint32_t msg = (uint32_t)(c * (size_t)(n - 1) + (size_t)s);
       plan_step_t st = {.kind = STEP_SEND, .peer = right, .msg = msg, .bytes = len};
       st.src = s == 0 ? (plan_ref_t){BUF_SEND, ks * bytes + off}
                       : (plan_ref_t){BUF_SCRATCH, held_slot * slot_bytes};
