@@ -593,6 +593,7 @@ static int post_step(exec_ctx_t *ctx, exec_t *ex, uint32_t idx) {
   int rc;
 
   if (ps->kind == STEP_SEND) {
+    st->op.flags = ex->msg_or & EXEC_MSG_P2P ? PROV_OP_P2P : 0;
     st->op.data = send_data(ex, at(ex, ps->src), ps->bytes);
     rc = ctx->prov->ops->post_send(ctx->prov, ps->peer, at(ex, ps->src), ps->bytes,
                                    exec_tag(ctx->rank, ex->comm_id, ex->seq, ps->msg | ex->msg_or),

@@ -103,6 +103,17 @@ enum {
    * caller must release every borrowed op, soon and without waiting for
    * other messages (the sender waits). */
   PROV_OP_BORROW = 1u << 0,
+  /* A send the user orders (point to point): where the provider bounds the
+   * messages a peer has not yet asked for (shm's window), these get a
+   * smaller share, so that a user's sends the peer will receive only after
+   * a collective never leave that collective's messages without room. */
+  PROV_OP_P2P = 1u << 1,
+  /* A send the peer will never take (fault injection's duplicate): where
+   * the provider bounds those messages, it goes only while that bound is
+   * mostly free, and is refused with -ENOBUFS otherwise (lost, as a
+   * network short of buffers would lose it), so that such copies never
+   * hold the room real messages need. */
+  PROV_OP_SPARE = 1u << 2,
 };
 
 /* Embedded by the caller in its own object (container_of to get back). */

@@ -400,6 +400,8 @@ static int rec_post(struct fault_ep *m, struct fault_rec *r) {
     memset(&r->cop, 0, sizeof(r->cop));
     r->cop.done = r->user ? proxy_done : extra_done;
     r->cop.data = r->data;
+    /* a dup's copy is never taken: the child may refuse it (-ENOBUFS) */
+    r->cop.flags = r->user ? r->user->flags : PROV_OP_SPARE;
     rc = c->ops->post_send(c, r->peer, r->buf, r->len, r->tag, &r->cop);
   } else {
     rc = c->ops->post_send(c, r->peer, r->buf, r->len, r->tag, r->user);

@@ -6,7 +6,8 @@
  * format) and an RDM endpoint. Every posted op takes a slot from a fixed
  * pool: the slot holds the fi_context the provider may own (FI_CONTEXT and
  * FI_CONTEXT2 modes are both honoured), and the pool sizes are what keeps us
- * inside the provider's queue limits (shm fails past 1024 receives, udp
+ * inside the provider's queue limits (shm fails past its queue's 256
+ * receives, udp
  * stalls past its window): past max_posted() a post returns -EAGAIN. Over
  * shm a send also waits for room in the receiver's queue (see "the window").
  *
@@ -364,6 +365,18 @@ static const char *ofi_prov_name(const char *name) {
  * initialises its providers. */
 #define OFI_RXM_MSG_RX_SIZE "1024"
 
+/* shm's queues: 256 entries each (its default is 1024). A rank's region,
+ * which every peer maps and writes its messages into, shrinks with them,
+ * and small collectives among many ranks were slow for their first few
+ * hundred calls with the large one (8 ranks on 2 cores, chorus-perf's 32
+ * KiB allreduce 350-383 us a call against 168-228 us, the allgather 203-282
+ * against 123-193, 3 interleaved rounds; 2 ranks and 64 MiB calls the
+ * same). What it costs: 64 posted a direction instead of 256, which the
+ * executor posts past when it must (exec.c), and smaller windows (see "the
+ * window"). Read when libfabric first initialises its providers, like
+ * rxm's; a value the user set is kept. */
+#define OFI_SHM_QUEUE_SIZE "256"
+
 /* udp;ofi_rxd sends a peer up to FI_OFI_RXD_MAX_UNACKED packets (128 by
  * default, 4 KiB each) before it waits for an ack, and a udp socket holds
  * net.core.rmem_default (208 KiB here, about 26 such packets: the kernel
@@ -421,6 +434,8 @@ static int ofi_getinfo(const char *prov, uint64_t caps, struct fi_info **out) {
 
   setenv("FI_OFI_RXM_BUFFER_SIZE", OFI_RXM_BUFFER_SIZE, 0);
   setenv("FI_OFI_RXM_MSG_RX_SIZE", OFI_RXM_MSG_RX_SIZE, 0);
+  setenv("FI_SHM_RX_SIZE", OFI_SHM_QUEUE_SIZE, 0);
+  setenv("FI_SHM_TX_SIZE", OFI_SHM_QUEUE_SIZE, 0);
   ofi_rxd_window_env();
   if (!hints)
     return -FI_ENOMEM;
@@ -950,8 +965,8 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
       o->bounce_free = OFI_BOUNCE_SLOTS == 32 ? ~0u : (1u << OFI_BOUNCE_SLOTS) - 1;
     /* shm's receive queue holds our posted receives, the receives of
      * rendezvous acks (one per send) and every message that came before its
-     * receive: 2/7 of it each for our receives and our sends' acks (256 of
-     * 896, as the engine's default asks), the rest for the windows of all
+     * receive: 2/7 of it each for our receives and our sends' acks (64 of
+     * the 224 we use of OFI_SHM_QUEUE_SIZE), the rest for the windows of all
      * senders (see "the window"); without rendezvous, half and half */
     size_t safe = o->max_posted, room;
     o->max_posted = o->rndv ? safe * 2 / 7 : safe / 2;
@@ -1617,7 +1632,8 @@ static void ofi_release(prov_t *p, prov_op_t *op) {
 /* ---- the window ----
  *
  * shm keeps a message that came before its receive in the receiver's
- * receive queue (1024 entries, shared with the posted receives), and while
+ * receive queue (OFI_SHM_QUEUE_SIZE entries, shared with the posted
+ * receives), and while
  * that queue is full it refuses every post to the receiver: the one its
  * posted receive waits for too. Senders that run calls ahead of their
  * receiver (a fan-in: gather, reduce) fill it with messages of later calls,
@@ -1628,25 +1644,43 @@ static void ofi_release(prov_t *p, prov_op_t *op) {
  * doorbell page, taken[r], the messages from rank r whose receive
  * completed, and a sender compares that with what it sent. The windows of
  * all senders fill what our receives and sends (with their ack receives,
- * max_posted each) leave of the queue: 384 of 896 entries. A sender whose
+ * max_posted each) leave of the queue: 96 of the 224 entries we use (384
+ * of 896 with shm's default size). A sender whose
  * window is closed sets its bit in the peer's taken_want[] and looks again
  * (each side fences between its store and its load, as for sleeping), and
  * the peer rings it when it next takes one of its messages.
  */
 
-/* Whether one more message may go to peer. */
-static bool ofi_window_open(struct ofi_ep *o, int peer) {
+/* Whether one more message may go to peer. A point-to-point send
+ * (PROV_OP_P2P) may fill only half the window: a user may send messages
+ * that the peer receives only after a collective (8 ranks, each sending its
+ * neighbour a dozen, then an allreduce: with a window of 12 the allreduce's
+ * sends found it full, and the job hung), and the collective's messages,
+ * which the peer does take in order, must find room. A spare copy
+ * (PROV_OP_SPARE, never taken) only the first quarter: those pile up for
+ * good (a fault soak duplicating one message in five closed windows of 24
+ * at 4 ranks within 30 calls), and point-to-point sends keep a quarter. */
+static uint32_t ofi_window_limit(const struct ofi_ep *o, unsigned flags) {
+  if (flags & PROV_OP_SPARE)
+    return o->window / 4;
+  return flags & PROV_OP_P2P ? o->window - o->window / 2 : o->window;
+}
+
+static bool ofi_window_open(struct ofi_ep *o, int peer, unsigned flags) {
   struct ofi_db_peer *d = &o->db_peers[peer];
   _Atomic uint32_t *taken = db_taken_word(d->page, d->page_len, o->nranks, o->rank);
   _Atomic uint64_t *want = db_taken_want_word(d->page, d->page_len, o->nranks, o->rank);
+  const uint32_t limit = ofi_window_limit(o, flags);
 
   if (!taken || !want) /* no page: no window */
     return true;
-  if (o->sent[peer] - atomic_load_explicit(taken, memory_order_acquire) < o->window)
+  if (o->sent[peer] - atomic_load_explicit(taken, memory_order_acquire) < limit)
     return true;
+  if (flags & PROV_OP_SPARE) /* refused, not retried: nothing to wait for */
+    return false;
   atomic_fetch_or(want, 1ull << (o->rank % 64));
   atomic_thread_fence(memory_order_seq_cst);
-  if (o->sent[peer] - atomic_load(taken) < o->window)
+  if (o->sent[peer] - atomic_load(taken) < limit)
     return true; /* our bit stays: one ring too many at worst */
   o->rndv_stats.window_waits++;
   return false;
@@ -1679,8 +1713,8 @@ static int ofi_post_send(prov_t *p, int peer, const void *buf, size_t len, uint6
 
   if (rc)
     return (int)rc;
-  if (o->window && o->sent && !ofi_window_open(o, peer))
-    return -EAGAIN;
+  if (o->window && o->sent && !ofi_window_open(o, peer, op->flags))
+    return op->flags & PROV_OP_SPARE ? -ENOBUFS : -EAGAIN;
   s = ofi_slot_fill(o, true, p, peer, len, tag, op);
   if (!s)
     return -EAGAIN;
