@@ -465,7 +465,9 @@ bool idle_clock_over(idle_clock_t *ic, uint64_t now, uint64_t limit) {
   return ic->spent > limit || now - ic->first > IDLE_CLOCK_WALL * limit;
 }
 
-static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns,
+/* Returns whether it left work in flight when it last dropped prog_lock
+ * (false when the progress thread held it throughout). */
+static bool comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns,
                               unsigned max_rounds, bool start_only) {
   idle_clock_t idle = {0};
   unsigned spins = 0, rounds = 0;
@@ -499,9 +501,10 @@ static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
       }
       /* The progress thread sleeps (it set `sleeping` under this lock):
        * whatever is still in flight must be able to wake it. */
+      bool quiet = !atomic_load(&c->cmd_pending) && !c->ex.stalled;
+      bool all_done = quiet && exec_idle(&c->ex) && !c->parked;
       if (was_armed || atomic_load(&c->sleeping)) {
-        bool quiet = !atomic_load(&c->cmd_pending) && !c->ex.stalled;
-        if (quiet && exec_idle(&c->ex) && !c->parked) {
+        if (all_done) {
           /* Nothing in flight: leave the transport disarmed (re-arming
            * costs system calls on every call, and nobody needs waking
            * until the application calls again; the sleeper's idle timer
@@ -517,28 +520,32 @@ static void comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
         }
       }
       pthread_mutex_unlock(&c->prog_lock);
-      return;
+      return !all_done;
     }
     /* the progress thread is at work: let it */
     if (max_rounds)
-      return;
+      return false;
     if ((++spins & 63) == 0) {
       if (idle_clock_over(&idle, fsm_now_ns(), idle_ns))
-        return;
+        return false;
       sched_yield();
     }
   }
+  return false;
 }
 
 static void comm_drive_as(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds,
                           bool start_only) {
   atomic_fetch_add(&c->drivers, 1);
-  comm_drive_locked(c, flag, idle_ns, max_rounds, start_only);
+  bool left = comm_drive_locked(c, flag, idle_ns, max_rounds, start_only);
   /* The last driver out wakes a progress thread that stepped aside if work
    * is left for it: this request, still open (the caller is about to sleep
-   * on it), or what a driver left in flight (`handoff`). */
+   * on it), or what a driver left in flight (`handoff`, or this one's
+   * `left`: a progress thread that stepped aside without the lock,
+   * progress_relock, may have done so after this driver looked). */
   if (atomic_fetch_sub(&c->drivers, 1) == 1 && atomic_load(&c->aside) &&
-      (atomic_exchange(&c->handoff, 0) || !atomic_load_explicit(flag, memory_order_acquire)))
+      (atomic_exchange(&c->handoff, 0) || left ||
+       !atomic_load_explicit(flag, memory_order_acquire)))
     progress_kick(c);
 }
 
@@ -546,14 +553,60 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
   comm_drive_as(c, flag, idle_ns, max_rounds, false);
 }
 
+/* Takes prog_lock (the progress thread, after a sleep or a yield). While
+ * an application thread drives (comm_drive), it takes and drops the lock
+ * on every call, and a progress thread blocked on the mutex was woken by
+ * each unlock only to find it taken again: a futex wake-up per call, on
+ * whichever core the scheduler chose. On 2 cores shared by 2 ranks that
+ * was often the other rank's, whose 8 KiB allgather then took 43 us a call
+ * instead of 3.5 for 50-100 ms at a time, a few times a second (each
+ * started by the 1 s idle timer). So while there is a driver this thread
+ * steps aside, sleeping on its eventfd and timer, flagged `sleeping` and
+ * `aside` so that the last driver out kicks it when it leaves work in
+ * flight (comm_drive_as), and tries again; it blocks on the mutex only
+ * when nobody drives. Returns with the lock, the transport disarmed. */
+static void progress_relock(chorus_comm_t *c) {
+  while (pthread_mutex_trylock(&c->prog_lock)) {
+    if (!atomic_load(&c->drivers) || atomic_load(&c->stop)) {
+      pthread_mutex_lock(&c->prog_lock);
+      break;
+    }
+    int was_sleeping = atomic_load(&c->sleeping), was_aside = atomic_load(&c->aside);
+    atomic_store(&c->sleeping, 1);
+    atomic_store(&c->aside, 1);
+    /* Dekker with comm_drive_as's exit: drivers-- then aside?, against
+     * aside=1 then drivers? */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load(&c->drivers) && !atomic_load(&c->cmd_pending) && !atomic_load(&c->stop)) {
+      struct timeval tv = {0, 100000};
+      if (c->ev_wait)
+        event_del(c->ev_wait);
+      evtimer_add(c->ev_timer, &tv);
+      event_base_loop(c->base, EVLOOP_ONCE);
+      evtimer_del(c->ev_timer);
+      if (c->ev_wait)
+        event_add(c->ev_wait, NULL);
+    } else {
+      sched_yield(); /* a command for us: its submitter drops the lock soon */
+    }
+    atomic_store(&c->aside, was_aside);
+    atomic_store(&c->sleeping, was_sleeping);
+  }
+  if (c->armed) { /* a driver armed it for us: we poll now */
+    c->prov->ops->disarm(c->prov);
+    c->armed = false;
+  }
+}
+
 /* Sleep on the event base (the fds added to it, the timer at tv) without
- * prog_lock. Under prog_lock; returns with it. */
+ * prog_lock. Under prog_lock; returns with it. The event base is this
+ * thread's alone. */
 static void progress_sleep(chorus_comm_t *c, const struct timeval *tv) {
   evtimer_add(c->ev_timer, tv);
   pthread_mutex_unlock(&c->prog_lock);
   event_base_loop(c->base, EVLOOP_ONCE);
-  pthread_mutex_lock(&c->prog_lock);
   evtimer_del(c->ev_timer);
+  progress_relock(c);
 }
 
 /* An application thread drives (see `drivers`): sleep on the eventfd and
@@ -588,6 +641,7 @@ static void *progress_main(void *arg) {
   uint64_t idle_since = 0;
   unsigned backoff_us = 16;
 
+  atomic_store(&c->prog_tid, (int)gettid());
   pthread_mutex_lock(&c->prog_lock);
   while (!atomic_load(&c->stop)) {
     if (atomic_load_explicit(&c->drivers, memory_order_relaxed) &&
@@ -609,7 +663,7 @@ static void *progress_main(void *arg) {
       /* let a waiting application thread take over */
       pthread_mutex_unlock(&c->prog_lock);
       sched_yield();
-      pthread_mutex_lock(&c->prog_lock);
+      progress_relock(c);
       continue;
     }
 
@@ -675,6 +729,7 @@ static int progress_start(chorus_comm_t *c) {
   int rc = pthread_create(&c->thread, NULL, progress_main, c);
   if (rc)
     return -rc;
+  pthread_setname_np(c->thread, "chorus-progress"); /* for top -H, gdb, perf */
   c->thread_started = true;
   return 0;
 }

@@ -84,6 +84,7 @@ struct chorus_comm {
   /* progress thread */
   pthread_t thread;
   bool thread_started;
+  atomic_int prog_tid; /* the progress thread's kernel thread id, once it runs (tests, gdb) */
   struct event_base *base;
   struct event *ev_cmd, *ev_wait, *ev_timer;
   int cmd_fd; /* eventfd: wakes the progress thread */
@@ -101,7 +102,10 @@ struct chorus_comm {
    * alone, the two took turns: the progress thread ran each call while the
    * application thread yielded, a context switch per call, and on two cores
    * shared by two ranks a 32 KiB allreduce stayed at 20-30 us for the whole
-   * run instead of 11 us. */
+   * run instead of 11 us. Nor does a progress thread that wakes while there
+   * is one wait on prog_lock (progress_relock): it steps aside the same way
+   * (`sleeping` and `aside` set without the lock; the last driver out kicks
+   * it when it leaves work in flight). */
   atomic_int drivers;
   atomic_int aside;
   atomic_int handoff; /* a driver left work in flight for the progress thread */

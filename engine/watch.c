@@ -441,6 +441,8 @@ chorus_result watch_start(chorus_comm_t *c) {
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int rc = pthread_create(&w->thread, NULL, watch_main, w);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (!rc)
+    pthread_setname_np(w->thread, "chorus-watch");
   if (rc) {
     close(fd);
     close(w->efd);
