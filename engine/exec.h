@@ -46,7 +46,11 @@ typedef struct exec_ctx {
   uint8_t comm_id;
   /* Posting budget per direction. Past it, a pair's next message still goes
    * when nothing else of that pair is held by the transport (exec.c), so up
-   * to one more per peer: the transport must hold max_posted + nranks - 1. */
+   * to one more per peer: the transport must hold max_posted + nranks - 1.
+   * comm_start keeps that much out of the budget, but never more than half
+   * of what the transport holds: past that many peers (33 ranks over shm's
+   * 64) the extra posts can meet a full transport, and wait for room on
+   * -EAGAIN retries (slower, still correct). */
   size_t max_posted;
   size_t posted_sends, posted_recvs;
   /* [2 * peer + (0 send, 1 receive)]: operations of collectives held by the

@@ -74,7 +74,8 @@ typedef struct plan {
   uint32_t npairs;
   plan_pair_t *pairs;
   uint32_t *pair_of;   /* [nsteps]: a SEND's or RECV's pair, UINT32_MAX for local steps */
-  uint32_t *pair_next; /* [nsteps]: the next step of its pair by message number, or UINT32_MAX */
+  uint32_t *pair_next; /* [nsteps]: the next step of its pair by message number, or UINT32_MAX;
+                        * in pair_of's allocation (pair_of + nsteps), freed with it */
 } plan_t;
 
 /* ---- building ---- */

@@ -1713,6 +1713,7 @@ static int ofi_post_send(prov_t *p, int peer, const void *buf, size_t len, uint6
 
   if (rc)
     return (int)rc;
+  /* o->sent: the window is counted in the doorbell page, which shm may lack */
   if (o->window && o->sent && !ofi_window_open(o, peer, op->flags))
     return op->flags & PROV_OP_SPARE ? -ENOBUFS : -EAGAIN;
   s = ofi_slot_fill(o, true, p, peer, len, tag, op);
@@ -1720,23 +1721,23 @@ static int ofi_post_send(prov_t *p, int peer, const void *buf, size_t len, uint6
     return -EAGAIN;
   if (ofi_use_rndv(o, peer, len)) {
     rc = ofi_post_rndv_send(o, s, buf, len);
-    if (rc == 0 && o->sent)
-      o->sent[peer]++;
-    return (int)rc;
+    if (rc)
+      return (int)rc;
+  } else {
+    if (o->cq_data)
+      rc = fi_tsenddata(o->ep, buf, len, NULL, op->data & ~PROV_DATA_VALID, o->peers[peer], tag,
+                        &s->fctx);
+    else
+      rc = fi_tsend(o->ep, buf, len, NULL, o->peers[peer], tag, &s->fctx);
+    if (rc)
+      return ofi_post_failed(o, s, rc, "send to");
+    if (o->wait == OFI_WAIT_DOORBELL) {
+      db_track_nap(o, s);
+      db_ring_if_sleeping(o, peer);
+    }
   }
-  if (o->cq_data)
-    rc = fi_tsenddata(o->ep, buf, len, NULL, op->data & ~PROV_DATA_VALID, o->peers[peer], tag,
-                      &s->fctx);
-  else
-    rc = fi_tsend(o->ep, buf, len, NULL, o->peers[peer], tag, &s->fctx);
-  if (rc)
-    return ofi_post_failed(o, s, rc, "send to");
-  if (o->sent)
+  if (o->sent) /* the window's count (none without the doorbell page) */
     o->sent[peer]++;
-  if (o->wait == OFI_WAIT_DOORBELL) {
-    db_track_nap(o, s);
-    db_ring_if_sleeping(o, peer);
-  }
   return 0;
 }
 
