@@ -553,6 +553,18 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
   comm_drive_as(c, flag, idle_ns, max_rounds, false);
 }
 
+/* Sleeps aside (without prog_lock): on the eventfd and the timer at tv,
+ * not on the transport, whose traffic a driver is reading. */
+static void progress_nap_aside(chorus_comm_t *c, const struct timeval *tv) {
+  if (c->ev_wait)
+    event_del(c->ev_wait);
+  evtimer_add(c->ev_timer, tv);
+  event_base_loop(c->base, EVLOOP_ONCE);
+  evtimer_del(c->ev_timer);
+  if (c->ev_wait)
+    event_add(c->ev_wait, NULL);
+}
+
 /* Takes prog_lock (the progress thread, after a sleep or a yield). While
  * an application thread drives (comm_drive), it takes and drops the lock
  * on every call, and a progress thread blocked on the mutex was woken by
@@ -563,13 +575,15 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
  * started by the 1 s idle timer). So while there is a driver this thread
  * steps aside, sleeping on its eventfd and timer, flagged `sleeping` and
  * `aside` so that the last driver out kicks it when it leaves work in
- * flight (comm_drive_as), and tries again; it blocks on the mutex only
- * when nobody drives. Returns with the lock, the transport disarmed. */
+ * flight (comm_drive_as), and tries again. It never waits on the mutex
+ * itself. Returns with the lock, the transport disarmed. */
 static void progress_relock(chorus_comm_t *c) {
   while (pthread_mutex_trylock(&c->prog_lock)) {
     if (!atomic_load(&c->drivers) || atomic_load(&c->stop)) {
-      pthread_mutex_lock(&c->prog_lock);
-      break;
+      /* a short holder (the watchdog's look, a dump): wait by yielding, not
+       * on the mutex, which a driver arriving now would keep taken */
+      sched_yield();
+      continue;
     }
     int was_sleeping = atomic_load(&c->sleeping), was_aside = atomic_load(&c->aside);
     atomic_store(&c->sleeping, 1);
@@ -579,13 +593,7 @@ static void progress_relock(chorus_comm_t *c) {
     atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load(&c->drivers) && !atomic_load(&c->cmd_pending) && !atomic_load(&c->stop)) {
       struct timeval tv = {0, 100000};
-      if (c->ev_wait)
-        event_del(c->ev_wait);
-      evtimer_add(c->ev_timer, &tv);
-      event_base_loop(c->base, EVLOOP_ONCE);
-      evtimer_del(c->ev_timer);
-      if (c->ev_wait)
-        event_add(c->ev_wait, NULL);
+      progress_nap_aside(c, &tv);
     } else {
       sched_yield(); /* a command for us: its submitter drops the lock soon */
     }
@@ -624,11 +632,9 @@ static void progress_step_aside(chorus_comm_t *c) {
     }
     bool idle = exec_idle(&c->ex) && !c->parked;
     struct timeval tv = {idle ? 1 : 0, idle ? 0 : 100000};
-    if (c->ev_wait)
-      event_del(c->ev_wait);
-    progress_sleep(c, &tv);
-    if (c->ev_wait)
-      event_add(c->ev_wait, NULL);
+    pthread_mutex_unlock(&c->prog_lock);
+    progress_nap_aside(c, &tv);
+    progress_relock(c);
   }
   atomic_store(&c->sleeping, 0);
   atomic_store(&c->aside, 0);
