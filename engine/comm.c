@@ -553,6 +553,13 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
   comm_drive_as(c, flag, idle_ns, max_rounds, false);
 }
 
+/* Whether the progress thread should sleep aside now, its `aside` flag
+ * set and fenced: a driver is there, with no command for this thread and
+ * no stop. */
+static bool aside_due(chorus_comm_t *c) {
+  return atomic_load(&c->drivers) && !atomic_load(&c->cmd_pending) && !atomic_load(&c->stop);
+}
+
 /* Sleeps aside (without prog_lock): on the eventfd and the timer at tv,
  * not on the transport, whose traffic a driver is reading. */
 static void progress_nap_aside(chorus_comm_t *c, const struct timeval *tv) {
@@ -591,7 +598,7 @@ static void progress_relock(chorus_comm_t *c) {
     /* Dekker with comm_drive_as's exit: drivers-- then aside?, against
      * aside=1 then drivers? */
     atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load(&c->drivers) && !atomic_load(&c->cmd_pending) && !atomic_load(&c->stop)) {
+    if (aside_due(c)) {
       struct timeval tv = {0, 100000};
       progress_nap_aside(c, &tv);
     } else {
@@ -625,7 +632,7 @@ static void progress_step_aside(chorus_comm_t *c) {
   /* Dekker with comm_drive's exit: drivers-- then aside?, against aside=1
    * then drivers? */
   atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load(&c->drivers) && !atomic_load(&c->cmd_pending) && !atomic_load(&c->stop)) {
+  if (aside_due(c)) {
     if (c->armed) {
       c->prov->ops->disarm(c->prov);
       c->armed = false;

@@ -7,9 +7,9 @@
  * pool: the slot holds the fi_context the provider may own (FI_CONTEXT and
  * FI_CONTEXT2 modes are both honoured), and the pool sizes are what keeps us
  * inside the provider's queue limits (shm fails past its queue's 256
- * receives, udp
- * stalls past its window): past max_posted() a post returns -EAGAIN. Over
- * shm a send also waits for room in the receiver's queue (see "the window").
+ * receives, udp stalls past its window): past max_posted() a post returns
+ * -EAGAIN. Over shm a send also waits for room in the receiver's queue
+ * (see "the window").
  *
  * Receives are directed (FI_DIRECTED_RECV) when the provider offers it;
  * otherwise FI_ADDR_UNSPEC with the exact tag: the engine puts the source
@@ -1633,11 +1633,11 @@ static void ofi_release(prov_t *p, prov_op_t *op) {
  *
  * shm keeps a message that came before its receive in the receiver's
  * receive queue (OFI_SHM_QUEUE_SIZE entries, shared with the posted
- * receives), and while
- * that queue is full it refuses every post to the receiver: the one its
- * posted receive waits for too. Senders that run calls ahead of their
- * receiver (a fan-in: gather, reduce) fill it with messages of later calls,
- * and the job hangs (16 ranks, 4 KiB chunks, a linear gather of 2 MiB).
+ * receives), and while that queue is full it refuses every post to the
+ * receiver: the one its posted receive waits for too. Senders that run
+ * calls ahead of their receiver (a fan-in: gather, reduce) fill it with
+ * messages of later calls, and the job hangs (16 ranks, 4 KiB chunks, a
+ * linear gather of 2 MiB).
  *
  * So a sender keeps at most `window` messages to a peer that the peer has
  * not yet taken (its receive completed): each endpoint counts in its
@@ -1645,10 +1645,10 @@ static void ofi_release(prov_t *p, prov_op_t *op) {
  * completed, and a sender compares that with what it sent. The windows of
  * all senders fill what our receives and sends (with their ack receives,
  * max_posted each) leave of the queue: 96 of the 224 entries we use (384
- * of 896 with shm's default size). A sender whose
- * window is closed sets its bit in the peer's taken_want[] and looks again
- * (each side fences between its store and its load, as for sleeping), and
- * the peer rings it when it next takes one of its messages.
+ * of 896 with shm's default size). A sender whose window is closed sets
+ * its bit in the peer's taken_want[] and looks again (each side fences
+ * between its store and its load, as for sleeping), and the peer rings it
+ * when it next takes one of its messages.
  */
 
 /* Whether one more message may go to peer. A point-to-point send
