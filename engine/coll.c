@@ -1155,6 +1155,44 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
   return cores <= 0 || here <= cores ? 1 : (int)((here + cores - 1) / cores);
 }
 
+/* This rank's index among the ranks of its host (ranks_here's). */
+static int index_here(const chorus_comm_t *c) {
+  int n = 0;
+  if (c->boot) {
+    const char *me = boot_host_of(c->boot, c->rank);
+    for (int r = 0; r < c->rank; r++) {
+      const char *h = boot_host_of(c->boot, r);
+      n += h && me && strcmp(h, me) == 0;
+    }
+    return n;
+  }
+  if (c->topo) {
+    for (int r = 0; r < c->rank; r++)
+      n += c->topo->host_of[r] == c->topo->host_of[c->rank];
+    return n;
+  }
+  return c->rank;
+}
+
+/* This rank's own CPU (comm.h: COMM_HOME_EVERY_NS): local rank i takes the
+ * i-th CPU of the creating thread's affinity mask, when the host's ranks fit
+ * in it; -1 when they do not (they take turns anyway), for a one-CPU mask (a
+ * launcher or the application placed the rank) and with
+ * CHORUS_SPREAD_CORES=0. */
+static int home_cpu(const chorus_comm_t *c) {
+  cpu_set_t set;
+  if (!c->set.spread_cores || sched_getaffinity(0, sizeof(set), &set) != 0)
+    return -1;
+  int cores = CPU_COUNT(&set), here = ranks_here(c);
+  if (cores < 2 || here < 2 || here > cores)
+    return -1;
+  int k = index_here(c);
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+    if (CPU_ISSET(cpu, &set) && k-- == 0)
+      return cpu;
+  return -1;
+}
+
 /* Ranks outnumbering the cores take turns (select_share_cores: the model's
  * side). The default chunk grows by the ranks a core: a pipeline can not
  * overlap more stages than there are cores, while every chunk costs a turn
@@ -1223,6 +1261,7 @@ chorus_result coll_comm_init(chorus_comm_t *c) {
     return comm_error(c, CHORUS_ERR_ENV, "CHORUS_ALGO=\"%s\": %s", c->set.algo, err);
   sel_fit_cores(c, &c->sel);
   c->yield_after_ns = coll_ranks_per_core(c) > 1 ? 0 : COMM_YIELD_AFTER_NS;
+  c->home_cpu = home_cpu(c);
   c->sel_ready = true;
   c->last_algo[0] = '\0';
   c->p2p_seq = calloc(2 * (size_t)c->size, sizeof(*c->p2p_seq));

@@ -445,6 +445,29 @@ static size_t progress_once(chorus_comm_t *c, bool transport) {
   return n;
 }
 
+/* Moves the calling thread to home_cpu when it runs elsewhere: a one-CPU
+ * affinity makes the kernel migrate it at once, and the old mask, restored
+ * right after, lets the kernel move it again as it sees fit (nothing stays
+ * pinned). Skipped when home_cpu left the thread's mask or the mask holds
+ * one CPU (the application placed it). */
+static void comm_go_home(chorus_comm_t *c) {
+  cpu_set_t old, one;
+  int from = sched_getcpu();
+  if (from == c->home_cpu || sched_getaffinity(0, sizeof(old), &old) != 0 ||
+      !CPU_ISSET(c->home_cpu, &old) || CPU_COUNT(&old) < 2)
+    return;
+  CPU_ZERO(&one);
+  CPU_SET(c->home_cpu, &one);
+  if (sched_setaffinity(0, sizeof(one), &one) != 0)
+    return;
+  if (sched_setaffinity(0, sizeof(old), &old) != 0)
+    eng_log(ENG_WARN, c->rank, "progress", "cannot restore the thread's CPU affinity: %s",
+            strerror(errno));
+  atomic_fetch_add_explicit(&c->home_moves, 1, memory_order_relaxed);
+  eng_log(ENG_DEBUG, c->rank, "progress", "waiting on CPU %d: moved back to CPU %d", from,
+          c->home_cpu);
+}
+
 bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns, uint64_t now) {
   return idle_ns >= (now < c->yield_crowded_until ? 0 : c->yield_after_ns);
 }
@@ -452,8 +475,9 @@ bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns, uint64_t now) {
 void comm_yielded(chorus_comm_t *c, uint64_t before, uint64_t after) {
   /* a long yield: something else ran on this core (a peer the kernel put
    * here, say): yield at once for a while */
-  if (after - before > COMM_YIELD_LONG_NS)
+  if (after - before > COMM_YIELD_LONG_NS) {
     c->yield_crowded_until = after + COMM_YIELD_CROWDED_NS;
+  }
 }
 
 bool idle_clock_over(idle_clock_t *ic, uint64_t now, uint64_t limit) {
@@ -493,6 +517,10 @@ static bool comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
           uint64_t now = fsm_now_ns();
           if (idle_clock_over(&idle, now, idle_ns))
             break;
+          if (c->home_cpu >= 0 && now >= c->home_after) {
+            c->home_after = now + COMM_HOME_EVERY_NS;
+            comm_go_home(c);
+          }
           if (comm_yield_due(c, now - idle.first, now)) {
             sched_yield();
             comm_yielded(c, now, fsm_now_ns());
@@ -1104,6 +1132,8 @@ chorus_result comm_register(chorus_comm_t *c) {
   chorus_result ret = coll_comm_init(c);
   if (ret)
     return ret;
+  if (c->home_cpu >= 0) /* the creation's waits left it where the kernel put it */
+    comm_go_home(c);
   if (eng_handle_add(c, ENG_HANDLE_COMM))
     return comm_error(c, CHORUS_ERR_NO_MEMORY, "out of memory");
   return CHORUS_SUCCESS;

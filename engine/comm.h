@@ -159,6 +159,9 @@ struct chorus_comm {
   bool sel_ready;
   uint64_t yield_after_ns;      /* a driver idle this long starts yielding (COMM_YIELD_AFTER_NS) */
   uint64_t yield_crowded_until; /* till then (fsm_now_ns) a driver yields at once */
+  int home_cpu;                 /* this rank's own CPU (COMM_HOME_EVERY_NS), -1 for none */
+  uint64_t home_after;          /* no move to home_cpu before then (fsm_now_ns) */
+  _Atomic uint64_t home_moves;  /* moves made (tests, dumps) */
   size_t chunk_bytes;           /* pipeline chunk of this communicator's plans (coll.c) */
   size_t bcast_chunk_bytes;     /* that of broadcasts (coll.c) */
   size_t allgather_chunk_bytes; /* that of allgathers (coll.c) */
@@ -263,6 +266,23 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
 #define COMM_YIELD_AFTER_NS (5 * 1000)
 #define COMM_YIELD_LONG_NS (4 * 1000)
 #define COMM_YIELD_CROWDED_NS (10 * 1000 * 1000)
+/* Own cores (CHORUS_SPREAD_CORES). When a host's ranks fit its cores, local
+ * rank i's own CPU is the i-th of its affinity mask at creation; the thread
+ * that creates the communicator, and a driver that waits (idle rounds), move
+ * back to it when they find themselves elsewhere, the driver at most every
+ * COMM_HOME_EVERY_NS (comm.c: comm_go_home). Left to itself the kernel put
+ * both ranks of a 2-rank job on one core of two while they connected (perf
+ * sched: 200 ms on CPU 0, switching to each other ~4400 times a second,
+ * CPU 1 idle) and at times kept them there into the first calls, each wait
+ * then costing the peer's turn: 2-rank 32 KiB calls over shm right after
+ * creation (2026-12-02, 2000 calls, 8 runs each, alternating): allreduce
+ * 19-23 us in 3 runs of 8 and allgather 11.6-14.6 in 2 of 8, 5-7 us in all
+ * 16 with the move; the four-collective sequence of chorus-perf (300 calls
+ * a size, 8 rounds each): one or two of the first sizes at 20-24 us in 2
+ * rounds of 8 without, none with (one round with was slow at every size, 2
+ * MiB too: the machine's cores were slow to share data then, see README).
+ * The threads moved 0-2 times a run. */
+#define COMM_HOME_EVERY_NS (10 * 1000 * 1000)
 /* Whether a driver idle for idle_ns yields now (fsm_now_ns() = now). */
 bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns, uint64_t now);
 /* A yield from `before` to `after` (fsm_now_ns) is over: notes a crowded core. */

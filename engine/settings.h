@@ -24,6 +24,7 @@ typedef struct chorus_settings {
   size_t max_posted;        /* CHORUS_MAX_POSTED: receives/sends in flight per rank */
   int spin_us;              /* CHORUS_SPIN_US: progress thread's busy-poll before sleeping */
   int wait_spin_us;         /* CHORUS_WAIT_SPIN_US: a blocked caller's polling before sleeping */
+  bool spread_cores;        /* CHORUS_SPREAD_CORES: a waiting caller goes back to its own core */
   int log_level;            /* CHORUS_LOG: 0 error, 1 warn, 2 info, 3 debug */
   bool journal;             /* CHORUS_JOURNAL: fsm transition journal on */
   size_t journal_records;   /* CHORUS_JOURNAL_RECORDS */

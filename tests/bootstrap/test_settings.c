@@ -22,6 +22,7 @@ static const char *const all_vars[] = {
     "CHORUS_SPIN_US",
     "CHORUS_LOG",
     "CHORUS_VERIFY",
+    "CHORUS_SPREAD_CORES",
     "CHORUS_JOURNAL",
     "CHORUS_JOURNAL_RECORDS",
     "CHORUS_RANK",
@@ -66,6 +67,7 @@ Test(settings, defaults) {
   cr_assert_eq(s.spin_us, 50);
   cr_assert_eq(s.log_level, 1);
   cr_assert(s.verify);
+  cr_assert(s.spread_cores);
   cr_assert(s.journal);
   cr_assert_eq(s.journal_records, 65536);
 }
@@ -82,6 +84,7 @@ Test(settings, values) {
   setenv("CHORUS_SPIN_US", "0", 1);
   setenv("CHORUS_LOG", "debug", 1);
   setenv("CHORUS_VERIFY", "off", 1);
+  setenv("CHORUS_SPREAD_CORES", "no", 1);
   setenv("CHORUS_JOURNAL", "false", 1);
   setenv("CHORUS_JOURNAL_RECORDS", "1024", 1);
   cr_assert_eq(settings_load(&s, err, sizeof(err)), 0, "%s", err);
@@ -93,6 +96,7 @@ Test(settings, values) {
   cr_assert_eq(s.spin_us, 0);
   cr_assert_eq(s.log_level, 3);
   cr_assert(!s.verify);
+  cr_assert(!s.spread_cores);
   cr_assert(!s.journal);
   cr_assert_eq(s.journal_records, 1024);
 }
@@ -157,6 +161,7 @@ Test(settings, malformed_values_name_the_variable) {
       {"CHORUS_LOG", "verbose"},
       {"CHORUS_LOG", "4"},
       {"CHORUS_VERIFY", "maybe"},
+      {"CHORUS_SPREAD_CORES", "2"},
       {"CHORUS_JOURNAL", "2"},
       {"CHORUS_JOURNAL_RECORDS", "1.5"},
   };

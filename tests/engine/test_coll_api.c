@@ -7,7 +7,9 @@
  * Validation needs no traffic, so a 3-rank in-process job is created by
  * three threads and its rank 0 is questioned from this thread.
  */
+#define _GNU_SOURCE /* sched_getcpu, CPU_* */
 #include <criterion/criterion.h>
+#include <sched.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -436,4 +438,86 @@ Test(coll_api, progress_thread_stands_aside_while_a_caller_drives) {
   cr_expect(asleep > 0, "the progress thread never slept");
   /* it takes the lock back once the driver is gone: the job still ends */
   job_down();
+}
+
+/* ---- own cores (CHORUS_SPREAD_CORES) ---- */
+
+/* A 2-rank job whose rank 1 enters a barrier 100 ms after rank 0. */
+static chorus_comm_t *pair[2];
+static pthread_barrier_t pair_up;
+
+static void *pair_rank(void *p) {
+  int r = (int)(intptr_t)p;
+  if (eng_comm_init_local(job, r, &pair[r]))
+    fprintf(stderr, "rank %d: %s\n", r, chorus_last_error());
+  pthread_barrier_wait(&pair_up);
+  if (r == 1 && pair[1]) {
+    usleep(100 * 1000);
+    if (chorus_barrier(pair[1]))
+      fprintf(stderr, "rank 1 barrier: %s\n", chorus_comm_last_error(pair[1]));
+  }
+  if (r == 1 && pair[1] && chorus_comm_destroy(pair[1]))
+    fprintf(stderr, "rank 1 destroy: %s\n", chorus_last_error());
+  return NULL;
+}
+
+/* Rank 0 waits in a barrier from a CPU that is not its own: it moves back,
+ * and the thread's affinity mask is the one it had. With the setting off it
+ * stays where it is. */
+static void go_home_case(bool on) {
+  cpu_set_t all, now;
+  cr_assert_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+  if (CPU_COUNT(&all) < 2)
+    cr_skip_test("one CPU: no other core to wait on");
+  setenv("CHORUS_SPREAD_CORES", on ? "1" : "0", 1);
+  job = eng_local_job_create(2);
+  cr_assert_not_null(job);
+  pthread_barrier_init(&pair_up, NULL, 3);
+  pthread_t t[2];
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(pthread_create(&t[r], NULL, pair_rank, (void *)(intptr_t)r), 0);
+  pthread_barrier_wait(&pair_up);
+  unsetenv("CHORUS_SPREAD_CORES");
+  cr_assert(pair[0] && pair[1]);
+  int home = pair[0]->home_cpu;
+  if (!on) {
+    cr_expect_eq(home, -1, "CHORUS_SPREAD_CORES=0, yet rank 0 has CPU %d for its own", home);
+    home = -1;
+    for (int cpu = 0; cpu < CPU_SETSIZE && home < 0; cpu++)
+      home = CPU_ISSET(cpu, &all) ? cpu : -1; /* where it would go */
+  } else {
+    cr_assert_geq(home, 0, "two ranks on %d CPUs, yet rank 0 has no CPU of its own",
+                  CPU_COUNT(&all));
+  }
+  int away = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE && away < 0; cpu++)
+    away = CPU_ISSET(cpu, &all) && cpu != home ? cpu : -1;
+  CPU_ZERO(&now);
+  CPU_SET(away, &now);
+  cr_assert_eq(sched_setaffinity(0, sizeof(now), &now), 0);
+  cr_assert_eq(sched_getcpu(), away);
+  cr_assert_eq(sched_setaffinity(0, sizeof(all), &all), 0);
+
+  cr_assert_eq(chorus_barrier(pair[0]), CHORUS_SUCCESS, "%s", chorus_comm_last_error(pair[0]));
+  uint64_t moves = atomic_load(&pair[0]->home_moves);
+  cr_assert_eq(sched_getaffinity(0, sizeof(now), &now), 0);
+  cr_expect(CPU_EQUAL(&now, &all), "the thread's affinity mask was not restored");
+  if (on)
+    cr_expect_geq(moves, 1, "rank 0 waited 100 ms on CPU %d, not its own %d, and never moved", away,
+                  home);
+  else
+    cr_expect_eq(moves, 0, "CHORUS_SPREAD_CORES=0, yet rank 0 moved %llu times",
+                 (unsigned long long)moves);
+  pthread_join(t[0], NULL);
+  cr_expect_eq(chorus_comm_destroy(pair[0]), CHORUS_SUCCESS, "%s", chorus_last_error());
+  pthread_join(t[1], NULL);
+  pthread_barrier_destroy(&pair_up);
+  eng_local_job_destroy(job);
+}
+
+Test(coll_api, a_waiting_caller_goes_back_to_its_own_core) {
+  go_home_case(true);
+}
+Test(coll_api, spread_cores_off_leaves_the_thread_where_it_is) {
+  go_home_case(false);
 }
