@@ -1261,7 +1261,8 @@ chorus_result coll_comm_init(chorus_comm_t *c) {
     return comm_error(c, CHORUS_ERR_ENV, "CHORUS_ALGO=\"%s\": %s", c->set.algo, err);
   sel_fit_cores(c, &c->sel);
   c->yield_after_ns = coll_ranks_per_core(c) > 1 ? 0 : COMM_YIELD_AFTER_NS;
-  c->home_cpu = home_cpu(c);
+  if (c->home_cpu == COMM_HOME_UNSET) /* else a split or shrink's parent's */
+    c->home_cpu = home_cpu(c);
   c->sel_ready = true;
   c->last_algo[0] = '\0';
   c->p2p_seq = calloc(2 * (size_t)c->size, sizeof(*c->p2p_seq));

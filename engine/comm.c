@@ -806,6 +806,7 @@ chorus_comm_t *comm_alloc(int rank, int size) {
   c->rank = rank;
   c->size = size;
   c->cmd_fd = -1;
+  c->home_cpu = COMM_HOME_UNSET;
   pthread_mutex_init(&c->lock, NULL);
   pthread_mutex_init(&c->prog_lock, NULL);
   pthread_cond_init(&c->cond, NULL);

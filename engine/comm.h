@@ -283,6 +283,10 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
  * MiB too: the machine's cores were slow to share data then, see README).
  * The threads moved 0-2 times a run. */
 #define COMM_HOME_EVERY_NS (10 * 1000 * 1000)
+/* home_cpu before coll_comm_init picks it: a split or a shrink copies its
+ * parent's instead, since a child's local ranks are numbered afresh (ranks
+ * 0 and 2 of a 4-rank host would both be first in their halves). */
+#define COMM_HOME_UNSET (-2)
 /* Whether a driver idle for idle_ns yields now (fsm_now_ns() = now). */
 bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns, uint64_t now);
 /* A yield from `before` to `after` (fsm_now_ns) is over: notes a crowded core. */

@@ -369,6 +369,7 @@ CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int k
   chorus_result xret = split_exchange(comm, ret ? NULL : c, members, opened);
   ret = ret ? ret : xret;
   if (!ret && c) {
+    c->home_cpu = comm->home_cpu; /* the process's core, whatever group it joins */
     if ((ret = comm_start(c)) || (ret = comm_register(c)))
       comm_error(comm, ret, "comm_split: %s", c->last_error);
   } else if (ret && c && c->last_error[0] && strcmp(c->last_error, "no error") != 0) {
@@ -462,8 +463,11 @@ CHORUS_API chorus_result chorus_comm_shrink(chorus_comm_t *comm, chorus_comm_t *
     ret = comm_add_peer_records(c, ptrs, lens, members, false);
   free(ptrs);
   free(lens);
-  if (!ret && ((ret = comm_start(c)) || (ret = comm_register(c))))
-    comm_error(comm, ret, "comm_shrink: %s", c->last_error);
+  if (!ret) {
+    c->home_cpu = comm->home_cpu; /* the process's core, as in a split */
+    if ((ret = comm_start(c)) || (ret = comm_register(c)))
+      comm_error(comm, ret, "comm_shrink: %s", c->last_error);
+  }
   if (ret && c) {
     comm_free(c);
     c = NULL;

@@ -5,8 +5,10 @@
  * children's transports chosen by their own (emulated) hosts, destroy in
  * any order, and bad arguments.
  */
+#define _GNU_SOURCE /* CPU_COUNT */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -397,6 +399,43 @@ Test(split, in_process_concurrent) {
 
 Test(split, in_process_nested) {
   run_threads(&(mp_arg_t){.nested = 1}, 8);
+}
+
+/* A child's ranks are numbered afresh, but its own core (CHORUS_SPREAD_CORES)
+ * is the process's: in reverse order, rank 1 is the child's first rank and
+ * would otherwise take rank 0's core. */
+static int home_rank(int rank, int size, const char *addr, void *p) {
+  (void)p;
+  chorus_comm_t *w, *c;
+  if (chorus_comm_init(&w, rank, size, addr))
+    FAIL("rank %d: init: %s\n", rank, chorus_last_error());
+  if (chorus_comm_split(w, 0, -rank, &c))
+    FAIL("rank %d: split: %s\n", rank, chorus_comm_last_error(w));
+  int bad = expect_shape(c, size - 1 - rank, size, "reversed");
+  if (w->home_cpu < 0) {
+    fprintf(stderr, "rank %d of %d: no core of its own\n", rank, size);
+    bad = 1;
+  }
+  if (c->home_cpu != w->home_cpu) {
+    fprintf(stderr, "rank %d: the child's own core is %d, the world's %d\n", rank, c->home_cpu,
+            w->home_cpu);
+    bad = 1;
+  }
+  bad |= check_allreduce(c, 64, "reversed");
+  bad |= chorus_comm_destroy(c) != CHORUS_SUCCESS;
+  bad |= chorus_comm_destroy(w) != CHORUS_SUCCESS;
+  return bad;
+}
+
+Test(split, children_keep_the_process_core) {
+  cpu_set_t set;
+  cr_assert_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+  if (CPU_COUNT(&set) < 2)
+    cr_skip_test("one CPU: no ranks with cores of their own");
+  const char *env[] = {"CHORUS_CONNECT_TIMEOUT=60", NULL};
+  mp_result_t r = mp_run(2, home_rank, NULL, 60, env);
+  cr_assert_eq(r.timed_out, 0, "timed out");
+  cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
 }
 
 /* Many splits and destroys: no growth in descriptors. */
