@@ -1130,20 +1130,30 @@ CHORUS_API const char *chorus_comm_last_algorithm(const chorus_comm_t *comm) {
 /* ---- communicator state ---- */
 
 /* Ranks that share this rank's machine: by the bootstrap's host identity,
- * else (split children, in-process jobs) by the topology. */
-static int ranks_here(const chorus_comm_t *c) {
-  int n = 0;
+ * else (split children, in-process jobs) by the topology. *index (may be
+ * NULL) receives this rank's place among them, in rank order. */
+static int ranks_here(const chorus_comm_t *c, int *index) {
+  int n = 0, k = 0;
   if (c->boot) {
     const char *me = boot_host_of(c->boot, c->rank);
     for (int r = 0; r < c->size; r++) {
       const char *h = boot_host_of(c->boot, r);
-      n += h && me && strcmp(h, me) == 0;
+      bool same = h && me && strcmp(h, me) == 0;
+      n += same;
+      k += same && r < c->rank;
     }
-    return n ? n : 1;
+    n = n ? n : 1;
+  } else if (c->topo) {
+    n = topo_host_size(c->topo, c->topo->host_of[c->rank]);
+    for (int r = 0; r < c->rank; r++)
+      k += c->topo->host_of[r] == c->topo->host_of[c->rank];
+  } else {
+    n = c->size;
+    k = c->rank;
   }
-  if (c->topo)
-    return topo_host_size(c->topo, c->topo->host_of[c->rank]);
-  return c->size;
+  if (index)
+    *index = k;
+  return n;
 }
 
 int coll_ranks_per_core(const chorus_comm_t *c) {
@@ -1151,27 +1161,8 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
   long cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
   if (cores <= 0)
     cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int here = ranks_here(c);
+  int here = ranks_here(c, NULL);
   return cores <= 0 || here <= cores ? 1 : (int)((here + cores - 1) / cores);
-}
-
-/* This rank's index among the ranks of its host (ranks_here's). */
-static int index_here(const chorus_comm_t *c) {
-  int n = 0;
-  if (c->boot) {
-    const char *me = boot_host_of(c->boot, c->rank);
-    for (int r = 0; r < c->rank; r++) {
-      const char *h = boot_host_of(c->boot, r);
-      n += h && me && strcmp(h, me) == 0;
-    }
-    return n;
-  }
-  if (c->topo) {
-    for (int r = 0; r < c->rank; r++)
-      n += c->topo->host_of[r] == c->topo->host_of[c->rank];
-    return n;
-  }
-  return c->rank;
 }
 
 /* This rank's own CPU (comm.h: COMM_HOME_EVERY_NS): local rank i takes the
@@ -1183,10 +1174,9 @@ static int home_cpu(const chorus_comm_t *c) {
   cpu_set_t set;
   if (!c->set.spread_cores || sched_getaffinity(0, sizeof(set), &set) != 0)
     return -1;
-  int cores = CPU_COUNT(&set), here = ranks_here(c);
+  int k, cores = CPU_COUNT(&set), here = ranks_here(c, &k);
   if (cores < 2 || here < 2 || here > cores)
     return -1;
-  int k = index_here(c);
   for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
     if (CPU_ISSET(cpu, &set) && k-- == 0)
       return cpu;
