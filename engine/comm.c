@@ -475,9 +475,8 @@ bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns, uint64_t now) {
 void comm_yielded(chorus_comm_t *c, uint64_t before, uint64_t after) {
   /* a long yield: something else ran on this core (a peer the kernel put
    * here, say): yield at once for a while */
-  if (after - before > COMM_YIELD_LONG_NS) {
+  if (after - before > COMM_YIELD_LONG_NS)
     c->yield_crowded_until = after + COMM_YIELD_CROWDED_NS;
-  }
 }
 
 bool idle_clock_over(idle_clock_t *ic, uint64_t now, uint64_t limit) {

@@ -161,7 +161,7 @@ struct chorus_comm {
   uint64_t yield_crowded_until; /* till then (fsm_now_ns) a driver yields at once */
   int home_cpu;                 /* this rank's own CPU (COMM_HOME_EVERY_NS), -1 for none */
   uint64_t home_after;          /* no move to home_cpu before then (fsm_now_ns) */
-  _Atomic uint64_t home_moves;  /* moves made (tests, dumps) */
+  _Atomic uint64_t home_moves;  /* moves made (tests) */
   size_t chunk_bytes;           /* pipeline chunk of this communicator's plans (coll.c) */
   size_t bcast_chunk_bytes;     /* that of broadcasts (coll.c) */
   size_t allgather_chunk_bytes; /* that of allgathers (coll.c) */

@@ -91,10 +91,10 @@ static const struct setting settings_table[] = {
      "while nothing completes, before it sleeps; 0 = sleep at once",
      FIELD(wait_spin_us), 0, 1000000},
     {"CHORUS_SPREAD_CORES", SET_BOOL, "1",
-     "when a host's ranks fit its cores, a caller waiting in a call that finds its thread off "
-     "its rank's own core (local rank i: the i-th CPU it may run on) moves back there, at most "
-     "every 10 ms, by setting a one-CPU affinity and restoring the old one at once; 0 = leave "
-     "placement to the kernel",
+     "when a host's ranks fit its cores, the thread that creates a communicator, and a caller "
+     "waiting in a call (at most every 10 ms), that find themselves off the rank's own core "
+     "(local rank i: the i-th CPU it may run on) move back there, by a one-CPU affinity "
+     "restored at once; 0 = leave placement to the kernel",
      FIELD(spread_cores), 0, 1},
     {"CHORUS_LOG", SET_LOG, "warn", "log level: error, warn, info, debug (or 0-3)",
      FIELD(log_level), 0, 3},
