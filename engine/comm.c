@@ -464,7 +464,7 @@ static void comm_go_home(chorus_comm_t *c) {
     eng_log(ENG_WARN, c->rank, "progress", "cannot restore the thread's CPU affinity: %s",
             strerror(errno));
   atomic_fetch_add_explicit(&c->home_moves, 1, memory_order_relaxed);
-  eng_log(ENG_DEBUG, c->rank, "progress", "waiting on CPU %d: moved back to CPU %d", from,
+  eng_log(ENG_DEBUG, c->rank, "progress", "on CPU %d, not its own: moved to CPU %d", from,
           c->home_cpu);
 }
 

@@ -447,18 +447,27 @@ static chorus_comm_t *pair[2];
 static pthread_barrier_t pair_up;
 static uint64_t created_moves; /* rank 0's moves by the end of its creation */
 
-/* Runs the calling thread on the last CPU of its mask, which stays as it was. */
+/* Moves the calling thread to cpu and gives it back its mask (all): it
+ * stays there until the kernel moves it. Returns the CPU it runs on. */
+static int run_on(int cpu, const cpu_set_t *all) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  if (sched_setaffinity(0, sizeof(one), &one) != 0)
+    return -1;
+  int now = sched_getcpu();
+  return sched_setaffinity(0, sizeof(*all), all) == 0 ? now : -1;
+}
+
+/* Runs the calling thread on the last CPU of its mask. */
 static void go_last_cpu(void) {
-  cpu_set_t all, one;
+  cpu_set_t all;
   int last = -1;
   if (sched_getaffinity(0, sizeof(all), &all) != 0)
     return;
   for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
     last = CPU_ISSET(cpu, &all) ? cpu : last;
-  CPU_ZERO(&one);
-  CPU_SET(last, &one);
-  if (sched_setaffinity(0, sizeof(one), &one) == 0)
-    (void)sched_setaffinity(0, sizeof(all), &all);
+  (void)run_on(last, &all);
 }
 
 static void *pair_rank(void *p) {
@@ -511,11 +520,7 @@ static void go_home_case(bool on) {
   int away = -1;
   for (int cpu = 0; cpu < CPU_SETSIZE && away < 0; cpu++)
     away = CPU_ISSET(cpu, &all) && cpu != home ? cpu : -1;
-  CPU_ZERO(&now);
-  CPU_SET(away, &now);
-  cr_assert_eq(sched_setaffinity(0, sizeof(now), &now), 0);
-  cr_assert_eq(sched_getcpu(), away);
-  cr_assert_eq(sched_setaffinity(0, sizeof(all), &all), 0);
+  cr_assert_eq(run_on(away, &all), away);
 
   /* moves made at creation (by the rank's own thread) do not count */
   uint64_t before = atomic_load(&pair[0]->home_moves);
