@@ -245,6 +245,9 @@ typedef struct prov_ofi_rndv_stats {
   /* bounced messages handed back by marking the sender's slot done in our
    * doorbell page instead of an ack message */
   uint64_t bounce_marks;
+  /* bytes of our bounce region (0: none), and how far into a peer's we
+   * read a bounced message (its furthest byte) */
+  uint64_t bounce_region, bounce_reach;
   /* sends held back (-EAGAIN) because the peer had not yet taken the
    * window's worth of our earlier messages (prov_ofi.c, "the window") */
   uint64_t window_waits;

@@ -210,7 +210,8 @@ Test(mem, plain_memory_bounces_up_to_64_kib) {
 /* A bounced message is handed back by a mark in the receiver's doorbell
  * page, not an ack message, and the sender takes its slots back from those
  * marks once its free ones ran out: 48 ping-pongs of 32 KiB (three times the
- * 16 slots) all bounce, none falls back to CMA, each is marked; then 48
+ * 16 slots) all bounce, none falls back to CMA, each is marked, and a slot's
+ * messages do not all go to the same place; then 48
  * 2-rank allreduces of 32 KiB, whose receives may lend the slot to the
  * reduction (the mark then waits for the release), stay bounced and exact. */
 static int mark_rank(int rank, int size, const char *addr, void *arg) {
@@ -257,6 +258,19 @@ static int mark_rank(int rank, int size, const char *addr, void *arg) {
             (unsigned long long)(st1.bounce_bytes - st0.bounce_bytes),
             (unsigned long long)(st1.cma_bytes - st0.cma_bytes),
             (unsigned long long)(st1.bounce_marks - st0.bounce_marks));
+    bad = 1;
+  }
+  /* The region is twice a core's L2 (prov_ofi.c, "Bounce slots"), and a
+   * slot's messages move along its share of it: 3 messages a slot reach
+   * past the first message's room in the last slot. */
+  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  uint64_t share = st0.bounce_region / 16;
+  if (!bad && !prov_ofi_rndv_stats(c->prov, &st1) &&
+      ((l2 > 0 && st1.bounce_region < 2 * (uint64_t)l2 && st1.bounce_region < (16u << 20)) ||
+       (rank == 1 && share >= 2 * BYTES && st1.bounce_reach <= 15 * share + BYTES))) {
+    fprintf(stderr,
+            "rank %d: bounce region %llu bytes (L2 %ld), read up to byte %llu of rank 0's\n", rank,
+            (unsigned long long)st1.bounce_region, l2, (unsigned long long)st1.bounce_reach);
     bad = 1;
   }
   prov_ofi_rndv_stats(c->prov, &st1);
