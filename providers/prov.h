@@ -79,7 +79,8 @@
  *  is an epoll set over the child's fd and a timer set by arm() to the
  *  earliest held send; -1 when the child has none. release() is there when
  *  the child has one. The per-provider introspection calls
- *  (prov_multi_stats, prov_ofi_rndv_stats) take prov_fault_child(p).
+ *  (prov_multi_stats, prov_ofi_rndv_stats, prov_sock_stats) take
+ *  prov_fault_child(p).
  *  prov_fault_events() journals what was injected.
  */
 #ifndef CHORUS_PROV_H
@@ -253,6 +254,14 @@ typedef struct prov_ofi_rndv_stats {
   uint64_t window_waits;
 } prov_ofi_rndv_stats_t;
 int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out);
+
+/* prov_sock's flow control, for logs and tests: times a connection stopped
+ * being read because its unexpected messages held SOCK_UNEXP_MAX. Returns
+ * 0, or -EINVAL when p is not a prov_sock. */
+typedef struct prov_sock_stats {
+  uint64_t pauses;
+} prov_sock_stats_t;
+int prov_sock_stats(prov_t *p, prov_sock_stats_t *out);
 
 /* prov_fault: what was injected, for logs and tests. */
 typedef struct prov_fault_event {

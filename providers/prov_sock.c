@@ -38,7 +38,8 @@
  *               (past 4 KiB a pooled 64 KiB buffer) that a later post_recv
  *               copies out. While those hold 4 MiB and nothing is posted
  *               with the peer, its connection is not read: TCP holds the
- *               sender.
+ *               sender; it is read again when a receive finds nothing
+ *               waiting for it, or once they are down to 2 MiB.
  *   progress    epoll_wait(0) over the listener and the connections, then
  *               the completions, in order, on the caller's thread.
  *   waiting     wait_fd() is the epoll set itself: it is readable when a
@@ -82,6 +83,9 @@
 /* A connection stops being read while its unexpected messages hold this
  * much and nothing is posted with its peer (TCP then holds the sender). */
 #define SOCK_UNEXP_MAX (4u << 20)
+/* ... and is read again, once paused, when a receive finds no message
+ * waiting for it, or those hold less than this (see sock_post_recv) */
+#define SOCK_UNEXP_LOW (SOCK_UNEXP_MAX / 2)
 #define SOCK_POOL_MAX 64            /* unexpected eager buffers kept for reuse (4 MiB) */
 #define SOCK_POOL_MIN 4096          /* smaller unexpected messages get a buffer of their size */
 #define SOCK_READ_BUDGET (4u << 20) /* bytes one connection reads per progress() */
@@ -215,6 +219,7 @@ struct sock_ep {
   int npool;
   bool peers_added, closing;
   bool kick; /* a connection has kick set */
+  prov_sock_stats_t stats;
   char errmsg[256];
 };
 
@@ -304,9 +309,9 @@ static void conn_want_out(struct sock_ep *e, struct sock_conn *c, bool on) {
   conn_events(e, c);
 }
 
-/* Something was posted with c's peer: read again. What the stage still
- * holds is parsed by the next progress() (epoll reports only what the
- * socket has). */
+/* Something was posted with c's peer that needs its connection read: read
+ * again. What the stage still holds is parsed by the next progress() (epoll
+ * reports only what the socket has). */
 static void conn_resume(struct sock_ep *e, struct sock_conn *c) {
   if (c->paused) {
     c->paused = false;
@@ -764,6 +769,7 @@ static bool conn_pause_if_full(struct sock_ep *e, struct sock_conn *c) {
   if (c->in_body || c->unexp_bytes < SOCK_UNEXP_MAX || c->posted || c->rndv_tx || c->rndv_rx)
     return false;
   c->paused = true;
+  e->stats.pauses++;
   conn_events(e, c);
   return true;
 }
@@ -1345,12 +1351,12 @@ static int sock_post_recv(prov_t *p, int peer, void *buf, size_t len, uint64_t t
     return -ENOMEM;
   e->nrecv++;
   c = &e->conns[peer];
-  conn_resume(e, c);
   for (m = c->unexp; m; m = m->next) {
     if (m->tag != tag || m->claimed)
       continue;
     if (m->rts) {
       umsg_unlink(c, m);
+      conn_resume(e, c); /* the DATA must be read */
       if (c->state == C_DEAD)
         cq_push(e, r, -ECONNRESET, 0);
       else
@@ -1360,13 +1366,22 @@ static int sock_post_recv(prov_t *p, int peer, void *buf, size_t len, uint64_t t
       umsg_unlink(c, m);
       umsg_deliver(e, r, m);
       umsg_free(e, m);
+      /* Served from what waits: a paused connection stays so until that
+       * is down to half (SOCK_UNEXP_LOW), not one message at a time. A
+       * sender running ahead (a broadcast's root) kept the receiver at the
+       * limit, and each receive took its connection out of the epoll set
+       * and put it back: two system calls a message. */
+      if (c->unexp_bytes < SOCK_UNEXP_LOW)
+        conn_resume(e, c);
     } else {
+      conn_resume(e, c); /* the rest must be read */
       m->claimed = r;
       r->claim = m;
       r->where = W_CLAIM;
     }
     return 0;
   }
+  conn_resume(e, c);
   if (c->state == C_DEAD) {
     cq_push(e, r, -ECONNRESET, 0);
     return 0;
@@ -1540,6 +1555,13 @@ static void sock_close(prov_t *p) {
   close(e->epfd);
   free(e->conns);
   free(e);
+}
+
+int prov_sock_stats(prov_t *p, prov_sock_stats_t *out) {
+  if (!p || p->ops != &prov_sock_ops || !out)
+    return -EINVAL;
+  *out = to_sock(p)->stats;
+  return 0;
 }
 
 const prov_ops_t prov_sock_ops = {

@@ -789,6 +789,54 @@ Test(sock, unexpected_messages_do_not_grow_without_bound) {
   free(dst);
 }
 
+/* 256 eager messages of 32 KiB sent ahead of their receives (a broadcast's
+ * root runs ahead like this), then received one at a time with progress in
+ * between: the receiver stops reading at 4 MiB held (64 of them, in pooled
+ * 64 KiB buffers) and starts again only once they are down to half
+ * (SOCK_UNEXP_LOW), not at every receive: a pause and a resume are two
+ * epoll_ctl calls. Every message arrives, in order. */
+Test(sock, a_receiver_behind_pauses_rarely) {
+  enum { N = 256, LEN = 32 << 10 };
+  static pt_op_t s[N], r[N];
+  pt_op_t *all[N];
+  unsigned char *src, *dst;
+  prov_sock_stats_t st;
+
+  open_pair();
+  src = xmalloc((size_t)N * LEN);
+  dst = xmalloc((size_t)N * LEN);
+  for (int i = 0; i < N; i++) {
+    pt_fill(src + (size_t)i * LEN, LEN, 0xa00 + (uint64_t)i);
+    pt_op_init(&s[i]);
+    s[i].buf = src + (size_t)i * LEN;
+    cr_assert_eq(pt_send(eps, 2, eps[0], 1, &s[i], LEN, 0x78, 1000), 0, "send %d", i);
+    all[i] = &s[i];
+  }
+  for (double end = pt_now_ms() + 300; pt_now_ms() < end;)
+    progress_both(1);
+  for (int i = 0; i < N; i++) {
+    pt_op_t *one[1] = {&r[i]};
+    pt_op_init(&r[i]);
+    r[i].buf = dst + (size_t)i * LEN;
+    cr_assert_eq(pt_recv(eps, 2, eps[1], 0, &r[i], LEN, 0x78, 1000), 0, "recv %d", i);
+    cr_assert(pt_drive(eps, 2, one, 1, 10000), "recv %d did not complete: %s", i,
+              eps[1]->last_error);
+  }
+  cr_assert(pt_drive(eps, 2, all, N, 10000), "not all sends completed");
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(r[i].status, 0, "recv %d: %d", i, r[i].status);
+    cr_assert_eq(pt_check(dst + (size_t)i * LEN, LEN, 0xa00 + (uint64_t)i), (size_t)-1,
+                 "message %d is not the %dth sent", i, i);
+  }
+  cr_assert_eq(prov_sock_stats(eps[1], &st), 0);
+  cr_log_info("receiver behind: %llu pauses for %d messages", (unsigned long long)st.pauses, N);
+  cr_assert(st.pauses >= 1, "the receiver never stopped reading with 8 MiB sent ahead");
+  cr_assert_leq(st.pauses, N / 16, "the receiver paused %llu times for %d messages",
+                (unsigned long long)st.pauses, N);
+  free(src);
+  free(dst);
+}
+
 /* ---- 9. a paused connection whose peer hangs up does not keep waking a sleeper ---- */
 
 /* Rank 1 stops reading rank 0 (4 MiB unexpected, nothing posted); rank 0
