@@ -1000,7 +1000,6 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
         memreg_alloc((void **)&o->bounce, o->bounce_share * OFI_BOUNCE_SLOTS) == 0) {
       o->bounce_free = OFI_BOUNCE_SLOTS == 32 ? ~0u : (1u << OFI_BOUNCE_SLOTS) - 1;
       memset(o->bounce, 0, o->bounce_share * OFI_BOUNCE_SLOTS);
-      o->rndv_stats.bounce_region = o->bounce_share * OFI_BOUNCE_SLOTS;
     }
     /* shm's receive queue holds our posted receives, the receives of
      * rendezvous acks (one per send) and every message that came before its
@@ -1630,7 +1629,9 @@ static int ofi_rndv_pull(struct ofi_ep *o, struct ofi_slot *s, void *buf, size_t
 int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out) {
   if (!p || p->ops != &prov_ofi_ops || !out)
     return -EINVAL;
-  *out = to_ofi(p)->rndv_stats;
+  const struct ofi_ep *o = to_ofi(p);
+  *out = o->rndv_stats;
+  out->bounce_region = o->bounce ? o->bounce_share * OFI_BOUNCE_SLOTS : 0;
   return 0;
 }
 
