@@ -14,7 +14,11 @@
  *   round 1:  v0 <-> v2   v1 <-> v3
  *
  * The vector is cut into chunks of chunk_bytes; every chunk runs the rounds
- * on its own, receiving into a small ring of chunk-sized scratch slots.
+ * on its own, receiving into a small ring of chunk-sized scratch slots. The
+ * first exchange out of place (no fold before it) receives straight into
+ * the chunk of the receive buffer, which its reduce then overwrites in place:
+ * the send reads the send buffer, and no scratch lies between the copy in
+ * and the reduce (at 2 ranks no scratch at all).
  * Dependencies of chunk c: send(k) after reduce(k-1); reduce(k) after its
  * receive and after send(k) (it overwrites what the send reads); a receive
  * into a slot after the reduce that last read that slot. Steps are emitted
@@ -113,19 +117,20 @@ int algo_rd_allreduce(const algo_args_t *a, plan_t **out) {
       const int pv = vr ^ (1 << k);
       const int peer = pv < rem ? 2 * pv + 1 : pv + rem;
       const uint32_t msg = (uint32_t)(k + 1) * nch + c;
-      uint32_t slot = next_slot++ % RD_SLOTS;
+      const bool direct = mine == BUF_SEND;
+      uint32_t slot = direct ? 0 : next_slot++ % RD_SLOTS;
       size_t soff = (size_t)slot * slot_bytes;
+      plan_ref_t land = direct ? (plan_ref_t){BUF_RECV, off} : (plan_ref_t){BUF_SCRATCH, soff};
       uint32_t s = plan_add(
           &b, &(plan_step_t){
                   .kind = STEP_SEND, .peer = peer, .msg = msg, .bytes = bytes, .src = {mine, off}});
       plan_dep(&b, last, s);
-      uint32_t v = plan_add(&b, &(plan_step_t){.kind = STEP_RECV,
-                                               .peer = peer,
-                                               .msg = msg,
-                                               .bytes = bytes,
-                                               .dst = {BUF_SCRATCH, soff}});
-      plan_dep(&b, slot_user[slot], v);
-      plan_ref_t lo = {mine, off}, hi = {BUF_SCRATCH, soff};
+      uint32_t v = plan_add(
+          &b,
+          &(plan_step_t){.kind = STEP_RECV, .peer = peer, .msg = msg, .bytes = bytes, .dst = land});
+      if (!direct)
+        plan_dep(&b, slot_user[slot], v);
+      plan_ref_t lo = {mine, off}, hi = land;
       if (vr > pv) {
         lo = hi;
         hi = (plan_ref_t){mine, off};
@@ -142,7 +147,8 @@ int algo_rd_allreduce(const algo_args_t *a, plan_t **out) {
       if (mine == BUF_RECV)
         plan_dep(&b, s, red);
       plan_dep(&b, last, red);
-      slot_user[slot] = red;
+      if (!direct)
+        slot_user[slot] = red;
       last = red;
       mine = BUF_RECV;
     }
