@@ -1239,9 +1239,15 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
    * interleaved rounds of 1000 calls, 256 KiB chunks -> one message: bcast
    * 175-188 -> 136-147 us, allgather 116-127 -> 107-110 (Open MPI 157-181
    * and 99-104); 64 MiB in 4 MiB chunks as fast or faster (4 rounds: bcast
-   * 9.3-11.2 ms against 10.5-27, allgather 6.2-10.4 against 8.0-22.7). */
+   * 9.3-11.2 ms against 10.5-27, allgather 6.2-10.4 against 8.0-22.7).
+   * Reductions alike: between two ranks the receiver pulls every chunk and
+   * reduces it itself, so chunks overlap nothing either. 2 MiB allreduce
+   * (rd), 8 interleaved rounds, 256 KiB chunks / one message: 406 / 338 us
+   * (Open MPI 334); reduce_scatter 172 / 162 us (6 rounds); 64 MiB the same
+   * within the rounds' spread (allreduce 29.4 / 29.0 ms, reduce_scatter
+   * 15.6 / 17.4; Open MPI 59.5 and 85.9). */
   if (dflt && !net && c->size == 2 && c->chunk_bytes < SEL_NET_BCAST_CHUNK)
-    c->bcast_chunk_bytes = c->allgather_chunk_bytes = SEL_NET_BCAST_CHUNK;
+    c->chunk_bytes = c->bcast_chunk_bytes = c->allgather_chunk_bytes = SEL_NET_BCAST_CHUNK;
 }
 
 chorus_result coll_comm_init(chorus_comm_t *c) {

@@ -179,11 +179,13 @@ Test(allreduce_mp, shm_2_choice) {
 
 /* Broadcasts over a network provider take 4 MiB chunks (each chunk is a
  * rendezvous there, and a broadcast has no reduction to overlap it with),
- * reductions keep the default; so do they over shm between two ranks (one
- * hop: nothing to forward); with CHORUS_CHUNK_BYTES set, one chunk size for
- * all. A 2 MiB bcast gives the root's data either way. */
+ * reductions keep the default. Over shm between two ranks everything takes
+ * 4 MiB chunks (one hop: nothing to forward, nothing to overlap); with
+ * CHORUS_CHUNK_BYTES set, one chunk size for all. A 2 MiB bcast gives the root's data either way.
+ */
 typedef struct chunk_want {
   size_t chunk, bcast_chunk;
+  size_t least; /* every chunk at least this (two ranks over shm) */
 } chunk_want_t;
 
 static int chunk_rank(int rank, int size, const char *addr, void *arg) {
@@ -194,7 +196,7 @@ static int chunk_rank(int rank, int size, const char *addr, void *arg) {
   int bad = 0;
   /* a default chunk grows by ranks per core (1 on a machine of 2 cores or more) */
   size_t per_core = getenv("CHORUS_CHUNK_BYTES") ? 1 : (size_t)coll_ranks_per_core(c);
-  size_t chunk = w->chunk * per_core;
+  size_t chunk = w->chunk * per_core > w->least ? w->chunk * per_core : w->least;
   size_t bcast_chunk = w->bcast_chunk > chunk ? w->bcast_chunk : chunk;
   if (c->chunk_bytes != chunk || c->bcast_chunk_bytes != bcast_chunk) {
     fprintf(stderr, "rank %d over %s: chunk %zu, bcast chunk %zu; expected %zu and %zu\n", rank,
@@ -221,21 +223,21 @@ static int chunk_rank(int rank, int size, const char *addr, void *arg) {
 }
 
 Test(allreduce_mp, bcast_chunk_tcp) {
-  chunk_want_t w = {256 * 1024, 4 << 20};
+  chunk_want_t w = {256 * 1024, 4 << 20, 0};
   const char *envs[] = {"CHORUS_PROVIDER=tcp", NULL};
   mp_result_t r = mp_run(2, chunk_rank, &w, 60, envs);
   cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
 }
 
 Test(allreduce_mp, bcast_chunk_shm) {
-  chunk_want_t w = {256 * 1024, 4 << 20}; /* two ranks: nothing forwarded (coll.c) */
+  chunk_want_t w = {256 * 1024, 4 << 20, 4 << 20}; /* two ranks: nothing forwarded (coll.c) */
   const char *envs[] = {"CHORUS_PROVIDER=shm", NULL};
   mp_result_t r = mp_run(2, chunk_rank, &w, 60, envs);
   cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
 }
 
 Test(allreduce_mp, bcast_chunk_tcp_set) {
-  chunk_want_t w = {64 * 1024, 64 * 1024};
+  chunk_want_t w = {64 * 1024, 64 * 1024, 0};
   const char *envs[] = {"CHORUS_PROVIDER=tcp", "CHORUS_CHUNK_BYTES=64K", NULL};
   mp_result_t r = mp_run(2, chunk_rank, &w, 60, envs);
   cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);

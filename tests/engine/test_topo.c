@@ -460,14 +460,15 @@ static int chunk_rank_one_core(int rank, int size, const char *addr, void *arg) 
  * libfabric's tcp, and 512 KiB for everything over sock (a rendezvous a chunk);
  * a CHORUS_CHUNK_BYTES the user set is kept for everything. Ranks that
  * share a core take chunks larger by ranks per core, and broadcasts 4 MiB.
- * Two ranks over shm broadcast and allgather in 4 MiB (nothing forwarded). */
+ * Two ranks over shm take 4 MiB chunks for everything (nothing forwarded,
+ * nothing to overlap). */
 Test(topo, chunk_defaults_by_transport) {
   const char *shm[] = {"CHORUS_PROVIDER=shm", NULL};
   const char *shm_set[] = {"CHORUS_PROVIDER=shm", "CHORUS_CHUNK_BYTES=128K", NULL};
   const char *tcp[] = {"CHORUS_PROVIDER=tcp", NULL};
   const char *sock[] = {"CHORUS_PROVIDER=sock", NULL};
   const char *sock_set[] = {"CHORUS_PROVIDER=sock", "CHORUS_CHUNK_BYTES=128K", NULL};
-  mp_result_t r = mp_run(2, chunk_rank, "262144 4194304 4194304", 120, shm);
+  mp_result_t r = mp_run(2, chunk_rank, "4194304 4194304 4194304", 120, shm);
   cr_assert_eq(r.failed, 0, "shm");
   r = mp_run(2, chunk_rank, "131072 131072 131072", 120, shm_set);
   cr_assert_eq(r.failed, 0, "shm, chunk set");
@@ -477,7 +478,7 @@ Test(topo, chunk_defaults_by_transport) {
   cr_assert_eq(r.failed, 0, "sock");
   r = mp_run(2, chunk_rank, "131072 131072 131072", 120, sock_set);
   cr_assert_eq(r.failed, 0, "sock, chunk set");
-  r = mp_run(2, chunk_rank_one_core, "524288 4194304 4194304", 120, shm);
+  r = mp_run(2, chunk_rank_one_core, "4194304 4194304 4194304", 120, shm);
   cr_assert_eq(r.failed, 0, "shm, two ranks on one core");
 }
 
