@@ -37,6 +37,7 @@ const algo_desc_t algo_table[] = {
     {"chain", COLL_BCAST, algo_chain_bcast, 0},
     {"ring", COLL_BCAST, algo_ring_bcast, 0},
     {"hier", COLL_BCAST, algo_hier_bcast, ALGO_HIERARCHICAL},
+    {"linear", COLL_BCAST, algo_linear_bcast, 0},
     {"tree", COLL_REDUCE, algo_tree_reduce, 0},
     {"chain", COLL_REDUCE, algo_chain_reduce, 0},
     {"ring", COLL_REDUCE, algo_ring_reduce, 0},

@@ -182,6 +182,7 @@ int algo_tree_bcast(const algo_args_t *a, plan_t **out);
 int algo_chain_bcast(const algo_args_t *a, plan_t **out);
 int algo_ring_bcast(const algo_args_t *a, plan_t **out);
 int algo_hier_bcast(const algo_args_t *a, plan_t **out);
+int algo_linear_bcast(const algo_args_t *a, plan_t **out);
 int algo_tree_reduce(const algo_args_t *a, plan_t **out);
 int algo_chain_reduce(const algo_args_t *a, plan_t **out);
 int algo_ring_reduce(const algo_args_t *a, plan_t **out);

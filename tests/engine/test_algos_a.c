@@ -28,6 +28,7 @@ static const algo_case_t algos[] = {
     {COLL_BCAST, "chain", algo_chain_bcast},
     {COLL_BCAST, "ring", algo_ring_bcast},
     {COLL_BCAST, "hier", algo_hier_bcast},
+    {COLL_BCAST, "linear", algo_linear_bcast},
     {COLL_REDUCE, "tree", algo_tree_reduce},
     {COLL_REDUCE, "chain", algo_chain_reduce},
     {COLL_REDUCE, "ring", algo_ring_reduce},

@@ -1,0 +1,62 @@
+/*
+ * linear_bcast.c - flat broadcast: the root sends to every other rank
+ * itself, and each receiver takes the root's data directly (one hop).
+ *
+ *   v0 -> v1, v2, ..., v(n-1)
+ *
+ * Over shm every receiver copies from the root's own buffer (by CMA, or in
+ * place when it is mapped), all at once, and nobody forwards data that a
+ * peer has just written. The root sends from its send buffer (and copies it
+ * to its receive buffer when not in place); others receive into their
+ * receive buffer. Chunk c to each rank is message c of that pair; no step
+ * depends on another, so no cycle can form.
+ */
+#include <errno.h>
+
+#include "algos.h"
+
+int algo_linear_bcast(const algo_args_t *a, plan_t **out) {
+  const int n = a->nranks, r = a->rank;
+  const size_t count = a->count, es = chorus_dtype_size(a->dtype);
+  const int v = algo_mod(r - a->root, n);
+  plan_builder_t b;
+  int rc;
+
+  *out = NULL;
+  if ((rc = plan_build_begin(&b, "linear", r, n, count, a->dtype, a->op, a->inplace)))
+    return rc;
+  if (count == 0)
+    return plan_build_end(&b, out);
+  if (v == 0 && !a->inplace)
+    plan_add(&b, &(plan_step_t){.kind = STEP_COPY,
+                                .bytes = count * es,
+                                .dst = {BUF_RECV, 0},
+                                .src = {BUF_SEND, 0}});
+  if (n == 1)
+    return plan_build_end(&b, out);
+
+  const size_t ce = a->chunk_bytes / es ? a->chunk_bytes / es : 1;
+  const uint32_t nch = (uint32_t)((count + ce - 1) / ce);
+  if (nch >= ALGO_MAX_MSGS) {
+    b.err = -E2BIG;
+    return plan_build_end(&b, out);
+  }
+  for (uint32_t c = 0; c < nch; c++) {
+    const size_t off = (size_t)c * ce * es;
+    const size_t bytes = (count - (size_t)c * ce < ce ? count - (size_t)c * ce : ce) * es;
+    if (v)
+      plan_add(&b, &(plan_step_t){.kind = STEP_RECV,
+                                  .peer = a->root,
+                                  .msg = c,
+                                  .bytes = bytes,
+                                  .dst = {BUF_RECV, off}});
+    else
+      for (int u = 1; u < n; u++)
+        plan_add(&b, &(plan_step_t){.kind = STEP_SEND,
+                                    .peer = algo_mod(u + a->root, n),
+                                    .msg = c,
+                                    .bytes = bytes,
+                                    .src = {BUF_SEND, off}});
+  }
+  return plan_build_end(&b, out);
+}
