@@ -1224,6 +1224,10 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   if (net) {
     s->intra = s->inter;
     s->peer_cache = 0;
+  } else {
+    /* over shm a message past the bounce slots is copied by its receiver */
+    size_t bounce = comm_shm_bounce(c);
+    s->pull_min = bounce == PROV_BOUNCE_NONE ? 1 : (double)bounce + 1;
   }
   select_share_cores(s, per_core);
   c->chunk_bytes = dflt ? SEL_DEFAULT_CHUNK * (size_t)per_core : c->set.chunk_bytes;

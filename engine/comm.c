@@ -941,7 +941,7 @@ bool comm_all_sock(const chorus_comm_t *c) {
  * rounds (2026-12-01), medians, 16 KiB against 64 KiB: 32 KiB allreduce
  * 54.5 against 14.9 us, bcast 7.9 against 7.7, allgather 8.4 against 6.5. */
 #define SHM_BOUNCE_SHARED (64u << 10)
-static size_t shm_bounce(const chorus_comm_t *c) {
+size_t comm_shm_bounce(const chorus_comm_t *c) {
   size_t b = c->set.shm_bounce;
   if (b > SHM_BOUNCE_SHARED && coll_ranks_per_core(c) > 1)
     b = SHM_BOUNCE_SHARED;
@@ -958,7 +958,7 @@ chorus_result comm_open_transport(chorus_comm_t *c) {
                        .job_id = job_id,
                        .inproc_world = c->local ? c->local->world : NULL,
                        .host_of = c->topo ? c->topo->host_of : NULL,
-                       .shm_bounce = shm_bounce(c),
+                       .shm_bounce = comm_shm_bounce(c),
                        .iface = c->set.sock_iface};
   if (c->set.faults[0]) {
     if (fault_plan_parse(c->set.faults, &c->faults, err, sizeof(err)))

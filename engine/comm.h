@@ -196,6 +196,9 @@ chorus_result comm_open_transport(chorus_comm_t *c);
 bool comm_intra_network(const chorus_comm_t *c);
 /* Every rank talks to every other over the sock transport. */
 bool comm_all_sock(const chorus_comm_t *c);
+/* The largest message shm copies through a bounce slot for this
+ * communicator (prov_config_t.shm_bounce; PROV_BOUNCE_NONE: none). */
+size_t comm_shm_bounce(const chorus_comm_t *c);
 chorus_result comm_pack_endpoint(chorus_comm_t *c, const char *host, uint8_t **out, size_t *outlen);
 chorus_result comm_add_peer_records(chorus_comm_t *c, void *const *recs, const size_t *lens,
                                     const int *members, bool check_topo);

@@ -45,6 +45,10 @@ typedef struct select_ctx {
    * wire anyway); see cost_allreduce */
   double peer_cache;
   int per_core; /* ranks sharing a core (select_share_cores; 0 or 1: none) */
+  /* bytes from which a message between ranks of one host is copied by its
+   * receiver, out of the sender's buffer (shm's CMA rendezvous; 0: never,
+   * the data crosses a wire); see cost_bcast */
+  double pull_min;
   bool deterministic;
   select_rule_t *rules; /* from CHORUS_ALGO, in the order given */
   size_t nrules;

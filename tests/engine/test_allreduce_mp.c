@@ -186,6 +186,7 @@ Test(allreduce_mp, shm_2_choice) {
 typedef struct chunk_want {
   size_t chunk, bcast_chunk;
   size_t least; /* every chunk at least this (two ranks over shm) */
+  bool pulls;   /* the model's messages past the bounce slots are pulled (shm) */
 } chunk_want_t;
 
 static int chunk_rank(int rank, int size, const char *addr, void *arg) {
@@ -198,6 +199,13 @@ static int chunk_rank(int rank, int size, const char *addr, void *arg) {
   size_t per_core = getenv("CHORUS_CHUNK_BYTES") ? 1 : (size_t)coll_ranks_per_core(c);
   size_t chunk = w->chunk * per_core > w->least ? w->chunk * per_core : w->least;
   size_t bcast_chunk = w->bcast_chunk > chunk ? w->bcast_chunk : chunk;
+  /* over shm the model knows what receivers copy themselves (select.h) */
+  double pull_min = w->pulls ? (double)comm_shm_bounce(c) + 1 : 0;
+  if (c->sel.pull_min != pull_min) {
+    fprintf(stderr, "rank %d over %s: pull_min %.0f, expected %.0f\n", rank,
+            chorus_comm_provider(c), c->sel.pull_min, pull_min);
+    bad = 1;
+  }
   if (c->chunk_bytes != chunk || c->bcast_chunk_bytes != bcast_chunk) {
     fprintf(stderr, "rank %d over %s: chunk %zu, bcast chunk %zu; expected %zu and %zu\n", rank,
             chorus_comm_provider(c), c->chunk_bytes, c->bcast_chunk_bytes, chunk, bcast_chunk);
@@ -223,21 +231,21 @@ static int chunk_rank(int rank, int size, const char *addr, void *arg) {
 }
 
 Test(allreduce_mp, bcast_chunk_tcp) {
-  chunk_want_t w = {256 * 1024, 4 << 20, 0};
+  chunk_want_t w = {256 * 1024, 4 << 20, 0, false};
   const char *envs[] = {"CHORUS_PROVIDER=tcp", NULL};
   mp_result_t r = mp_run(2, chunk_rank, &w, 60, envs);
   cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
 }
 
 Test(allreduce_mp, bcast_chunk_shm) {
-  chunk_want_t w = {256 * 1024, 4 << 20, 4 << 20}; /* two ranks: nothing forwarded (coll.c) */
+  chunk_want_t w = {256 * 1024, 4 << 20, 4 << 20, true}; /* two ranks: nothing forwarded */
   const char *envs[] = {"CHORUS_PROVIDER=shm", NULL};
   mp_result_t r = mp_run(2, chunk_rank, &w, 60, envs);
   cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
 }
 
 Test(allreduce_mp, bcast_chunk_tcp_set) {
-  chunk_want_t w = {64 * 1024, 64 * 1024, 0};
+  chunk_want_t w = {64 * 1024, 64 * 1024, 0, false};
   const char *envs[] = {"CHORUS_PROVIDER=tcp", "CHORUS_CHUNK_BYTES=64K", NULL};
   mp_result_t r = mp_run(2, chunk_rank, &w, 60, envs);
   cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);

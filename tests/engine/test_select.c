@@ -246,6 +246,47 @@ Test(select, shared_cores_give_a_large_bcast_to_the_tree) {
   select_fini(&s);
 }
 
+/* A broadcast whose receivers pull (over shm, messages past the bounce
+ * slots, as coll.c sets pull_min) goes flat among ranks that share cores:
+ * the root posts, the n-1 receivers copy out of its buffer, as many at a
+ * time as there are cores, one turn for all. Not below pull_min (the root
+ * would copy into a bounce slot for each), not past the peer cache, not
+ * with a core a rank (not measured), not over a wire, not across hosts. */
+Test(select, shared_cores_give_a_pulled_bcast_to_linear) {
+  select_ctx_t s;
+  char err[256], why[256];
+  cr_assert_eq(select_init(&s, NULL, false, err, sizeof(err)), 0);
+  s.pull_min = (64 << 10) + 1;
+  const algo_desc_t *linear = algo_find(COLL_BCAST, "linear");
+  cr_assert_not_null(linear);
+  algo_args_t a = shape(COLL_BCAST, 8, 2 << 20, NULL);
+  cr_assert_str_neq(select_algo(&s, &a, why, sizeof(why))->name, "linear", "a core a rank: %s",
+                    why);
+  const double beta = s.intra.beta;
+  select_share_cores(&s, 4);
+  static const size_t flat[] = {256 << 10, 2 << 20, 4 << 20};
+  for (size_t i = 0; i < 3; i++) {
+    a = shape(COLL_BCAST, 8, flat[i], NULL);
+    cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "linear", "%s", why);
+    /* one turn; 7 copies on 2 cores: 4 of them in a row, at a core's speed */
+    double want = s.intra.alpha + 4 * (double)flat[i] * beta;
+    cr_assert_float_eq(select_cost(&s, linear, &a), want, want * 1e-9);
+  }
+  a = shape(COLL_BCAST, 8, 32 << 10, NULL); /* bounced: the root copies 7 times */
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "tree", "%s", why);
+  a = shape(COLL_BCAST, 8, 64 << 20, NULL);
+  a.chunk_bytes = 4 << 20;
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "tree", "%s", why);
+  int host_of[8];
+  topo_t two = hosts(2, 4, host_of);
+  a = shape(COLL_BCAST, 8, 2 << 20, &two);
+  cr_assert_str_neq(select_algo(&s, &a, why, sizeof(why))->name, "linear", "%s", why);
+  s.pull_min = 0; /* a wire between them */
+  a = shape(COLL_BCAST, 8, 2 << 20, NULL);
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "tree", "%s", why);
+  select_fini(&s);
+}
+
 /* Allgather among ranks that share cores: the direct exchange, which waits
  * for its peers' turns once where the ring and recursive doubling wait once
  * a step, while the n-1 blocks it reads at once fit the peer cache (4 MiB:
