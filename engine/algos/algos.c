@@ -92,6 +92,23 @@ int algo_blocks_begin(const algo_args_t *a, const char *name, plan_builder_t *b,
   return plan_build_begin(b, name, r, n, a->count, a->dtype, a->op, a->inplace);
 }
 
+bool algo_bcast_begin(const algo_args_t *a, const char *name, plan_builder_t *b, plan_t **out,
+                      int *rc) {
+  *out = NULL;
+  if ((*rc = plan_build_begin(b, name, a->rank, a->nranks, a->count, a->dtype, a->op, a->inplace)))
+    return true;
+  if (a->count && a->rank == a->root && !a->inplace)
+    plan_add(b, &(plan_step_t){.kind = STEP_COPY,
+                               .bytes = a->count * chorus_dtype_size(a->dtype),
+                               .dst = {BUF_RECV, 0},
+                               .src = {BUF_SEND, 0}});
+  if (a->count == 0 || a->nranks == 1) {
+    *rc = plan_build_end(b, out);
+    return true;
+  }
+  return false;
+}
+
 uint32_t algo_allgather_own(plan_builder_t *b, const algo_args_t *a, size_t block) {
   if (a->inplace)
     return UINT32_MAX;

@@ -130,6 +130,12 @@ int algo_blocks_begin(const algo_args_t *a, const char *name, plan_builder_t *b,
  * block a->rank, whose step it returns; in place (nothing to copy)
  * UINT32_MAX. */
 uint32_t algo_allgather_own(plan_builder_t *b, const algo_args_t *a, size_t block);
+/* The start every broadcast shares: begins the plan (named name) and adds the
+ * root's copy of its send buffer into its receive buffer (out of place).
+ * Returns true when the plan is already done, *rc then being what to return
+ * (nothing to move, one rank, or an error); false when the caller goes on. */
+bool algo_bcast_begin(const algo_args_t *a, const char *name, plan_builder_t *b, plan_t **out,
+                      int *rc);
 
 /* Pacing of the sends nothing else holds back (those that read only the
  * input, at the start of an allreduce): each waits for the one ALGO_PACE

@@ -21,18 +21,8 @@ int algo_chain_bcast(const algo_args_t *a, plan_t **out) {
   plan_builder_t b;
   int rc;
 
-  *out = NULL;
-  if ((rc = plan_build_begin(&b, "chain", r, n, count, a->dtype, a->op, a->inplace)))
+  if (algo_bcast_begin(a, "chain", &b, out, &rc))
     return rc;
-  if (count == 0)
-    return plan_build_end(&b, out);
-  if (v == 0 && !a->inplace)
-    plan_add(&b, &(plan_step_t){.kind = STEP_COPY,
-                                .bytes = count * es,
-                                .dst = {BUF_RECV, 0},
-                                .src = {BUF_SEND, 0}});
-  if (n == 1)
-    return plan_build_end(&b, out);
 
   const size_t ce = a->chunk_bytes / es ? a->chunk_bytes / es : 1;
   const uint32_t nch = (uint32_t)((count + ce - 1) / ce);

@@ -67,17 +67,8 @@ int algo_hier_bcast(const algo_args_t *a, plan_t **out) {
   *out = NULL;
   if (nh > 1 && (tp->nranks != n || !tp->host_of))
     return -EINVAL;
-  if ((rc = plan_build_begin(&b, "hier", r, n, count, a->dtype, a->op, a->inplace)))
+  if (algo_bcast_begin(a, "hier", &b, out, &rc))
     return rc;
-  if (count == 0)
-    return plan_build_end(&b, out);
-  if (r == root && !a->inplace)
-    plan_add(&b, &(plan_step_t){.kind = STEP_COPY,
-                                .bytes = count * es,
-                                .dst = {BUF_RECV, 0},
-                                .src = {BUF_SEND, 0}});
-  if (n == 1)
-    return plan_build_end(&b, out);
 
   /* mem: leader[nh] | local[n] (my host's ranks) */
   mem = malloc(sizeof(int) * (size_t)(nh + n));

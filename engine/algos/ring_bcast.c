@@ -38,18 +38,8 @@ int algo_ring_bcast(const algo_args_t *a, plan_t **out) {
   uint32_t *avail = NULL;
   int rc;
 
-  *out = NULL;
-  if ((rc = plan_build_begin(&b, "ring", r, n, count, a->dtype, a->op, a->inplace)))
+  if (algo_bcast_begin(a, "ring", &b, out, &rc))
     return rc;
-  if (count == 0)
-    return plan_build_end(&b, out);
-  if (v == 0 && !a->inplace)
-    plan_add(&b, &(plan_step_t){.kind = STEP_COPY,
-                                .bytes = count * es,
-                                .dst = {BUF_RECV, 0},
-                                .src = {BUF_SEND, 0}});
-  if (n == 1)
-    return plan_build_end(&b, out);
 
   const size_t ce = a->chunk_bytes / es ? a->chunk_bytes / es : 1;
   const size_t maxseg = algo_seg_count(count, n, 0);
