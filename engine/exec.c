@@ -33,8 +33,10 @@ typedef struct exec_step {
   uint32_t index;
   exec_t *ex;
   /* Borrowed receives (PROV_OP_BORROW): a RECV into scratch whose every
-   * successor only reads that range and waits for nothing else may let
-   * them read the data where the sender keeps it. */
+   * successor only reads that range and waits for nothing else, or a RECV
+   * whose one successor is a reduce that overwrites its range in place
+   * (rd's first exchange), may let them read the data where the sender
+   * keeps it. */
   bool borrowable;      /* RECV: posted with PROV_OP_BORROW */
   uint32_t borrow_left; /* RECV: consumers still to run before release */
   uint32_t borrow_from; /* consumer: the RECV it reads, or UINT32_MAX */
@@ -395,12 +397,17 @@ static void find_borrowable(exec_t *ex) {
     return;
   for (uint32_t i = 0; i < p->nsteps; i++) {
     const plan_step_t *rv = &p->steps[i];
-    bool ok = rv->kind == STEP_RECV && rv->dst.buf == BUF_SCRATCH && rv->nsucc > 0;
+    const bool scratch = rv->dst.buf == BUF_SCRATCH;
+    bool ok = rv->kind == STEP_RECV && rv->nsucc > 0;
     for (uint32_t k = 0; ok && k < rv->nsucc; k++) {
       const plan_step_t *c = &p->steps[p->succ[rv->succ_off + k]];
       ok = (c->kind == STEP_REDUCE || c->kind == STEP_COPY) && c->ndeps == 1 &&
-           c->bytes == rv->bytes && !same_ref(c->dst, rv->dst) &&
+           c->bytes == rv->bytes &&
            (same_ref(c->src, rv->dst) || (c->kind == STEP_REDUCE && same_ref(c->src2, rv->dst)));
+      /* into scratch: consumers only read it; elsewhere: one reduce that
+       * overwrites the range in place, leaving there what it would anyway */
+      ok = ok && (scratch ? !same_ref(c->dst, rv->dst)
+                          : rv->nsucc == 1 && c->kind == STEP_REDUCE && same_ref(c->dst, rv->dst));
     }
     if (!ok)
       continue;
