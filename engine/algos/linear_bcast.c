@@ -16,25 +16,23 @@
 #include "algos.h"
 
 int algo_linear_bcast(const algo_args_t *a, plan_t **out) {
-  const int n = a->nranks, r = a->rank;
-  const size_t count = a->count, es = chorus_dtype_size(a->dtype);
-  const int v = algo_mod(r - a->root, n);
+  const int n = a->nranks;
+  const size_t total = a->count * chorus_dtype_size(a->dtype);
   plan_builder_t b;
   int rc;
 
   if (algo_bcast_begin(a, "linear", &b, out, &rc))
     return rc;
 
-  const size_t ce = a->chunk_bytes / es ? a->chunk_bytes / es : 1;
-  const uint32_t nch = (uint32_t)((count + ce - 1) / ce);
+  const size_t unit = algo_chunk_unit(a->chunk_bytes, chorus_dtype_size(a->dtype));
+  const size_t nch = algo_npieces(total, unit);
   if (nch >= ALGO_MAX_MSGS) {
     b.err = -E2BIG;
     return plan_build_end(&b, out);
   }
   for (uint32_t c = 0; c < nch; c++) {
-    const size_t off = (size_t)c * ce * es;
-    const size_t bytes = (count - (size_t)c * ce < ce ? count - (size_t)c * ce : ce) * es;
-    if (v)
+    const size_t off = c * unit, bytes = total - off < unit ? total - off : unit;
+    if (a->rank != a->root)
       plan_add(&b, &(plan_step_t){.kind = STEP_RECV,
                                   .peer = a->root,
                                   .msg = c,

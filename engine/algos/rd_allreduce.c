@@ -117,10 +117,11 @@ int algo_rd_allreduce(const algo_args_t *a, plan_t **out) {
       const int pv = vr ^ (1 << k);
       const int peer = pv < rem ? 2 * pv + 1 : pv + rem;
       const uint32_t msg = (uint32_t)(k + 1) * nch + c;
+      /* out of place, the first exchange lands in recv (see the top) */
       const bool direct = mine == BUF_SEND;
-      uint32_t slot = direct ? 0 : next_slot++ % RD_SLOTS;
-      size_t soff = (size_t)slot * slot_bytes;
-      plan_ref_t land = direct ? (plan_ref_t){BUF_RECV, off} : (plan_ref_t){BUF_SCRATCH, soff};
+      const uint32_t slot = direct ? 0 : next_slot++ % RD_SLOTS;
+      const plan_ref_t land = direct ? (plan_ref_t){BUF_RECV, off}
+                                     : (plan_ref_t){BUF_SCRATCH, (size_t)slot * slot_bytes};
       uint32_t s = plan_add(
           &b, &(plan_step_t){
                   .kind = STEP_SEND, .peer = peer, .msg = msg, .bytes = bytes, .src = {mine, off}});
