@@ -31,6 +31,9 @@ enum { PROV_OP_OWNER = 0, PROV_OP_REQ = 1 };
  * that the rings alone wake a sleeper (single-threaded tests, where shm's
  * put-off completions can not happen). No effect on other providers. */
 void prov_ofi_test_no_backstop(prov_t *p);
+/* Tests only: whether ofi_reap counts process pid as gone (its shm region
+ * may be removed): gone, a zombie, exiting, or SIGKILL pending. */
+bool prov_ofi_test_pid_dead(int32_t pid);
 
 /* Fuzzing only (tests/fuzz/fuzz_peer_record.c): how the ofi and multi
  * transports decode the address a peer published (its endpoint record's

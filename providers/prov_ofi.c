@@ -1635,24 +1635,64 @@ int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out) {
   return 0;
 }
 
-/* A process that is gone, or a zombie nobody reaped yet. */
-static bool pid_dead(int32_t pid) {
-  char path[64], buf[256];
-  if (pid <= 0)
-    return false;
-  if (kill(pid, 0) && errno == ESRCH)
-    return true;
-  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+/* Reads /proc/<pid>/<what> into buf (NUL-terminated); false if it can not. */
+static bool proc_read(int32_t pid, const char *what, char *buf, size_t len, bool *gone) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, what);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return errno == ENOENT;
-  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  if (fd < 0) {
+    *gone = errno == ENOENT;
+    return false;
+  }
+  ssize_t n = read(fd, buf, len - 1);
   close(fd);
   if (n <= 0)
     return false;
   buf[n] = '\0';
+  return true;
+}
+
+#define OFI_PF_EXITING 0x4ul     /* the kernel's task flag: in do_exit */
+#define OFI_SIGKILL_BIT 0x100ull /* SIGKILL (9) in a /proc signal mask */
+
+/* A process that is gone, a zombie nobody reaped yet, or one on its way out
+ * (exiting, or SIGKILL pending): none of them touches its region again. A
+ * killed process stays on its way out while the kernel takes its memory
+ * apart, long under a sanitizer (gigabytes of shadow mappings): a peer that
+ * looked for zombies alone then left the region behind. */
+static bool pid_dead(int32_t pid) {
+  char buf[1024];
+  bool gone = false;
+  if (pid <= 0)
+    return false;
+  if (kill(pid, 0) && errno == ESRCH)
+    return true;
+  if (!proc_read(pid, "stat", buf, sizeof(buf), &gone))
+    return gone;
   const char *rp = strrchr(buf, ')');
-  return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+  if (!rp || rp[1] != ' ')
+    return false;
+  if (rp[2] == 'Z' || rp[2] == 'X')
+    return true;
+  int ppid, pgrp, session, tty, tpgid;
+  unsigned long flags;
+  if (sscanf(rp + 3, "%d %d %d %d %d %lu", &ppid, &pgrp, &session, &tty, &tpgid, &flags) == 6 &&
+      (flags & OFI_PF_EXITING))
+    return true;
+  if (!proc_read(pid, "status", buf, sizeof(buf), &gone))
+    return gone;
+  static const char *const masks[] = {"\nShdPnd:", "\nSigPnd:"};
+  for (size_t i = 0; i < 2; i++) {
+    const char *m = strstr(buf, masks[i]);
+    unsigned long long bits;
+    if (m && sscanf(m + strlen(masks[i]), "%llx", &bits) == 1 && (bits & OFI_SIGKILL_BIT))
+      return true;
+  }
+  return false;
+}
+
+bool prov_ofi_test_pid_dead(int32_t pid) {
+  return pid_dead(pid);
 }
 
 static int ofi_reap(prov_t *p) {

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -646,6 +647,64 @@ OFI_TESTS(ofi_tcp, "tcp", "tcp;ofi_rxm", true)
 OFI_TESTS(ofi_udp, "udp", "udp;ofi_rxd", false)
 OFI_TESTS(ofi_sockets, "sockets", "sockets", true)
 OFI_TESTS(sock, "sock", "sock", true)
+
+/* The state letter of process pid in /proc (0 when it can not be read). */
+static char proc_state(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return 0;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *rp = strrchr(buf, ')');
+  return rp && rp[1] == ' ' ? rp[2] : 0;
+}
+
+/* A peer killed on this host counts as gone (comm_free then removes its shm
+ * region) from the moment it is on its way out, not only once it is a
+ * zombie: the kernel takes a killed process's memory apart first, which
+ * under a sanitizer takes long enough for the survivors to have looked and
+ * left the region behind (faults::matrix, kill/bcast/shm: "1 /dev/shm files
+ * left"). A child holding 512 MiB is killed; some look must find it gone
+ * while /proc still shows it alive or exiting, not a zombie. */
+Test(ofi_shm, a_killed_peer_is_gone_before_it_is_a_zombie) {
+  int pfd[2];
+  cr_assert_eq(pipe(pfd), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    size_t len = (size_t)512 << 20;
+    void *m =
+        mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    char ok = m != MAP_FAILED;
+    if (write(pfd[1], &ok, 1) != 1)
+      _exit(1);
+    for (;;)
+      pause();
+  }
+  char ok = 0;
+  cr_assert_eq(read(pfd[0], &ok, 1), 1);
+  close(pfd[0]);
+  close(pfd[1]);
+  cr_assert(ok, "the child could not map 512 MiB");
+  cr_assert(!prov_ofi_test_pid_dead(pid), "a live process counted as gone");
+  cr_assert_eq(kill(pid, SIGKILL), 0);
+  int early = 0, looks = 0;
+  for (char st = proc_state(pid); st && st != 'Z' && st != 'X' && looks < 10000000; looks++) {
+    bool dead = prov_ofi_test_pid_dead(pid);
+    st = proc_state(pid); /* after the look: not a zombie during it */
+    if (dead && st && st != 'Z' && st != 'X')
+      early++;
+  }
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  cr_assert(prov_ofi_test_pid_dead(pid), "a reaped process not counted as gone");
+  cr_assert_gt(early, 0, "%d looks while the killed child was not yet a zombie: none found it gone",
+               looks);
+}
 
 Test(ofi_shm, wakeup) {
   check_wakeup("shm");
