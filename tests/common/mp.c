@@ -177,6 +177,19 @@ int mp_count_dev_shm_of(const mp_result_t *r, int n) {
   return found;
 }
 
+char mp_proc_state(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return 0;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *rp = strrchr(buf, ')');
+  return rp && rp[1] == ' ' ? rp[2] : 0;
+}
+
 long mp_rss_kib(void) {
   FILE *f = fopen("/proc/self/status", "r");
   char line[256];

@@ -6,6 +6,7 @@
 #define CHORUS_TEST_MP_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 /* Body of one rank: return 0 on success; print the reason before failing. */
 typedef int (*mp_rank_fn)(int rank, int size, const char *rendezvous, void *arg);
@@ -31,5 +32,8 @@ long mp_rss_kib(void);
 /* Entries in /dev/shm left by the given processes: libfabric's shm provider
  * names its regions "<pid>:<n>:<n>", Chorus "chorus-<pid>-...". */
 int mp_count_dev_shm_of(const mp_result_t *r, int n);
+/* The state letter of process pid in /proc/<pid>/stat ('R', 'S', 'Z'...),
+ * 0 when it can not be read (no such process). */
+char mp_proc_state(pid_t pid);
 
 #endif

@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mp.h"
+
 extern char **environ;
 
 #define LAUNCHER CHORUS_BUILD_DIR "/tools/chorus-run"
@@ -331,16 +333,8 @@ Test(chorus_run, no_tag) {
 static int pid_gone(pid_t pid) {
   if (kill(pid, 0) < 0)
     return errno == ESRCH;
-  char path[64], st[512];
-  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return 1;
-  size_t n = fread(st, 1, sizeof(st) - 1, f);
-  fclose(f);
-  st[n] = '\0';
-  const char *paren = strrchr(st, ')');
-  return paren && paren[1] == ' ' && paren[2] == 'Z'; /* a zombie waiting for init */
+  char st = mp_proc_state(pid);
+  return !st || st == 'Z'; /* gone, or a zombie waiting for init */
 }
 
 /* Rank 2 fails; the others sleep 60 s in a child process of their shell. The
