@@ -461,7 +461,7 @@ static int chunk_rank_one_core(int rank, int size, const char *addr, void *arg) 
  * a CHORUS_CHUNK_BYTES the user set is kept for everything. Ranks that
  * share a core take chunks larger by ranks per core, and broadcasts 4 MiB.
  * Two ranks over shm take 4 MiB chunks for everything (nothing forwarded,
- * nothing to overlap). */
+ * nothing to overlap); more ranks than cores give allgathers 4 MiB too. */
 Test(topo, chunk_defaults_by_transport) {
   const char *shm[] = {"CHORUS_PROVIDER=shm", NULL};
   const char *shm_set[] = {"CHORUS_PROVIDER=shm", "CHORUS_CHUNK_BYTES=128K", NULL};
@@ -480,6 +480,10 @@ Test(topo, chunk_defaults_by_transport) {
   cr_assert_eq(r.failed, 0, "sock, chunk set");
   r = mp_run(2, chunk_rank_one_core, "4194304 4194304 4194304", 120, shm);
   cr_assert_eq(r.failed, 0, "shm, two ranks on one core");
+  r = mp_run(3, chunk_rank_one_core, "786432 4194304 4194304", 120, shm);
+  cr_assert_eq(r.failed, 0, "shm, three ranks on one core");
+  r = mp_run(3, chunk_rank_one_core, "131072 131072 131072", 120, shm_set);
+  cr_assert_eq(r.failed, 0, "shm, three ranks on one core, chunk set");
 }
 
 static int bad_topo_rank(int rank, int size, const char *addr, void *arg) {
