@@ -1233,18 +1233,15 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   c->chunk_bytes = dflt ? SEL_DEFAULT_CHUNK * (size_t)per_core : c->set.chunk_bytes;
   if (dflt && c->chunk_bytes < SEL_SOCK_CHUNK && sock)
     c->chunk_bytes = SEL_SOCK_CHUNK;
+  const bool grow = dflt && c->chunk_bytes < SEL_NET_BCAST_CHUNK;
   c->bcast_chunk_bytes =
-      dflt && ((net && !sock) || per_core > 1) && c->chunk_bytes < SEL_NET_BCAST_CHUNK
-          ? SEL_NET_BCAST_CHUNK
-          : c->chunk_bytes;
+      grow && ((net && !sock) || per_core > 1) ? SEL_NET_BCAST_CHUNK : c->chunk_bytes;
   /* An allgather among ranks that outnumber the cores likewise: 8 ranks on
    * 2 cores, 64 MiB by recursive doubling, 6 interleaved rounds of 20
    * calls, 1 MiB chunks (the rule above) / 4 / 8 / 32 MiB: 38.5 / 35.0 /
    * 36.7 / 35.3 ms (Open MPI 36.1); another 6 rounds, 1 / 8 MiB: 39.3 /
    * 35.5 (Open MPI 37.7). Below 8 MiB a block is one chunk either way. */
-  c->allgather_chunk_bytes = dflt && per_core > 1 && c->chunk_bytes < SEL_NET_BCAST_CHUNK
-                                 ? SEL_NET_BCAST_CHUNK
-                                 : c->chunk_bytes;
+  c->allgather_chunk_bytes = grow && per_core > 1 ? SEL_NET_BCAST_CHUNK : c->chunk_bytes;
   /* Two ranks over shm: a broadcast or an allgather forwards nothing, and
    * each chunk is one more rendezvous (descriptor, CMA copy, ack). 2 MiB, 5
    * interleaved rounds of 1000 calls, 256 KiB chunks -> one message: bcast
