@@ -45,6 +45,8 @@
 #include "eng.h"
 #include "fault.h"
 #include "fsm.h"
+#include "memcopy.h"
+#include "memreg.h"
 #include "select.h"
 #include "topo.h"
 #include "verify.h"
@@ -734,6 +736,86 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
   }
 }
 
+/*
+ * Staging. Over shm a message from a buffer peers can map (chorus_mem_alloc)
+ * is read where it lies: copied out of it, or reduced straight from it
+ * (PROV_OP_BORROW); from any other buffer the receiver copies it through
+ * the kernel (CMA: a system call, page pinning, then the copy). When ranks
+ * outnumber the cores, an allreduce or allgather from plain memory, past
+ * the bounce slots (CHORUS_SHM_BOUNCE) and up to CHORUS_SHM_STAGE bytes,
+ * runs in place in the communicator's own mappable buffer: this rank's data
+ * is copied in when the call starts (coll_prepare), the result out when the
+ * request completes (request_complete_text), and the steps between move and
+ * reduce without a CMA copy. The buffer serves one live request at a time;
+ * another call meanwhile runs on its own buffers, as does every call when a
+ * region can not be made. Staged or not is each rank's own choice: it
+ * changes where the data lies, not the schedule.
+ *
+ * 8 ranks on 2 cores, float32 sum, 4 interleaved rounds, medians, staged /
+ * not (CHORUS_SHM_STAGE=0) / Open MPI: allreduce 128 KiB 462 / 533 / 446 us,
+ * 512 KiB 519 / 636 / 808, 2 MiB 1978 / 2985 / 2873, 8 MiB 9.9 / 13.9 /
+ * 14.2 ms, 16 MiB 25.8 / 33.1 / 38.8 (3 rounds); allgather 128 KiB 126 /
+ * 181 / 212 us, 512 KiB 233 / 388 / 364, 2 MiB 740 / 847 / 970, but 4 MiB
+ * 2279 / 2145 / 2501 and 8 MiB 7127 / 7390 / 6007 (5 rounds): past
+ * STAGE_ALLGATHER_MAX copying the whole result out costs what CMA did.
+ * Not with ranks on cores of their own: there the copy in rewrites lines
+ * the peer then pulls from the other core, where CMA read a send buffer the
+ * benchmark never rewrites (2 ranks, 2 MiB: allreduce 583 us staged, 158
+ * not; allgather 289 against 77). Not broadcasts: every rank would copy
+ * the result out (8 ranks, 2 MiB: 910 us staged, 716 not).
+ */
+#define STAGE_ALLGATHER_MAX (2u << 20)
+static size_t stage_bytes(chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro) {
+  if (k->multi || !k->count || c->stage_busy || !c->stage_fits ||
+      (k->coll != COLL_ALLREDUCE && k->coll != COLL_ALLGATHER))
+    return 0;
+  const size_t bytes = ro->recv_bytes, bounce = comm_shm_bounce(c);
+  memreg_info_t mi;
+  if (bytes > c->set.shm_stage || (bounce != PROV_BOUNCE_NONE && bytes <= bounce) ||
+      (k->coll == COLL_ALLGATHER && bytes > STAGE_ALLGATHER_MAX) ||
+      memreg_lookup(k->recvbuf, bytes, &mi) ||
+      (ro->send_used && memreg_lookup(k->sendbuf, ro->send_bytes, &mi)))
+    return 0;
+  if (c->stage_bytes < bytes) {
+    size_t want = (size_t)1 << 20;
+    while (want < bytes)
+      want <<= 1;
+    if (want > c->set.shm_stage)
+      want = bytes;
+    void *p;
+    if (memreg_alloc(&p, want))
+      return 0;
+    if (c->stage)
+      memreg_free(c->stage);
+    c->stage = p;
+    c->stage_bytes = want;
+  }
+  return bytes;
+}
+
+/* Runs r in the staging buffer: this rank's data in, the buffers switched. */
+static void stage_begin(chorus_comm_t *c, const coll_call_t *k, size_t bytes, chorus_request_t *r) {
+  unsigned char *st = c->stage;
+  size_t blk = bytes;
+  r->staged = true;
+  r->stage_out = k->recvbuf;
+  r->stage_len = bytes;
+  r->sendbuf = r->recvbuf = st;
+  c->stage_busy = true;
+  switch (k->coll) {
+  case COLL_ALLREDUCE:
+    memcopy(st, k->sendbuf, bytes);
+    break;
+  case COLL_ALLGATHER:
+    blk = bytes / (size_t)c->size;
+    r->sendbuf = st + (size_t)c->rank * blk;
+    memcopy(st + (size_t)c->rank * blk, k->sendbuf, blk);
+    break;
+  default:
+    break;
+  }
+}
+
 static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus_request_t **out) {
   const bool multi = k->multi;
   coll_role_t ro = {0};
@@ -750,6 +832,9 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
     ret = coll_validate(c, k, &ro, &inplace);
   if (ret)
     return ret;
+  const size_t staged = multi ? 0 : stage_bytes(c, k, &ro);
+  if (staged)
+    inplace = true;
   sh.a = (algo_args_t){.coll = k->coll,
                        .rank = c->rank,
                        .nranks = c->size,
@@ -827,6 +912,8 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
   if (eng_handle_add(r, ENG_HANDLE_REQUEST))
     goto out_nomem;
   /* nothing can fail from here: the sequence numbers are taken */
+  if (staged && sh.d)
+    stage_begin(c, k, staged, r);
   r->count = count;
   if (coll_p2p(k->coll)) {
     r->seq = c->p2p_seq[2 * k->root + (k->coll == COLL_RECV)]++;
@@ -1265,6 +1352,7 @@ chorus_result coll_comm_init(chorus_comm_t *c) {
     return comm_error(c, CHORUS_ERR_ENV, "CHORUS_ALGO=\"%s\": %s", c->set.algo, err);
   sel_fit_cores(c, &c->sel);
   c->yield_after_ns = coll_ranks_per_core(c) > 1 ? 0 : COMM_YIELD_AFTER_NS;
+  c->stage_fits = c->set.shm_stage && comm_shm_only(c) && coll_ranks_per_core(c) > 1;
   if (c->home_cpu == COMM_HOME_UNSET) /* else a split or shrink's parent's */
     c->home_cpu = home_cpu(c);
   c->sel_ready = true;
@@ -1289,6 +1377,11 @@ void coll_comm_fini(chorus_comm_t *c) {
   }
   free(c->spare_req);
   c->spare_req = NULL;
+  if (c->stage)
+    memreg_free(c->stage);
+  c->stage = NULL;
+  c->stage_bytes = 0;
+  c->stage_busy = false;
   for (int i = 0; i < COMM_PLAN_CACHE; i++) {
     plan_free(c->plans[i].plan);
     free(c->plans[i].mcounts);

@@ -920,6 +920,10 @@ bool comm_intra_network(const chorus_comm_t *c) {
   return strcmp(name, "inproc") != 0 && strncmp(name, "shm", 3) != 0;
 }
 
+bool comm_shm_only(const chorus_comm_t *c) {
+  return strcmp(choose_provider(c), "shm") == 0;
+}
+
 bool comm_all_sock(const chorus_comm_t *c) {
   return strcmp(choose_provider(c), "sock") == 0;
 }

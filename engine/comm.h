@@ -63,7 +63,10 @@ struct chorus_request {
   bool recovery;                 /* internal: tags in the EXEC_COMM_RECOVERY space */
   uint8_t coll;                  /* coll_kind, for messages */
   bool submitted;                /* handed to the progress thread (false while queued in a group) */
-  bool grouped; /* a blocking call queued in a group: chorus_group_end releases it */
+  bool grouped;     /* a blocking call queued in a group: chorus_group_end releases it */
+  bool staged;      /* runs in comm->stage (coll.c, "Staging"); released with the request */
+  void *stage_out;  /* staged: where the result goes when it completes, or NULL */
+  size_t stage_len; /* ... its bytes, from the start of comm->stage */
   atomic_int done;
   chorus_result result;
   chorus_request_t *next_cmd;              /* command queue link */
@@ -165,6 +168,10 @@ struct chorus_comm {
   size_t chunk_bytes;           /* pipeline chunk of this communicator's plans (coll.c) */
   size_t bcast_chunk_bytes;     /* that of broadcasts (coll.c) */
   size_t allgather_chunk_bytes; /* that of allgathers (coll.c) */
+  void *stage;                  /* mappable staging buffer (coll.c, "Staging"), or NULL */
+  size_t stage_bytes;           /* its size */
+  bool stage_busy;              /* a live request runs in it */
+  bool stage_fits;              /* calls may run in it (coll.c, "Staging") */
   char last_algo[32];           /* chorus_comm_last_algorithm */
   const algo_desc_t *last_algo_d;
   uint16_t *p2p_seq; /* [2*size]: next send to peer p at 2p, next receive from p at 2p+1 */
@@ -194,6 +201,8 @@ chorus_result comm_open_transport(chorus_comm_t *c);
 /* Ranks on one host talk through a network provider (CHORUS_PROVIDER=tcp,
  * udp, ...), not shared memory. */
 bool comm_intra_network(const chorus_comm_t *c);
+/* Every peer is on this host and talks over shm (coll.c: staging). */
+bool comm_shm_only(const chorus_comm_t *c);
 /* Every rank talks to every other over the sock transport. */
 bool comm_all_sock(const chorus_comm_t *c);
 /* The largest message shm copies through a bounce slot for this

@@ -15,6 +15,7 @@
 #include "comm.h"
 #include "eng.h"
 #include "fsm.h"
+#include "memcopy.h"
 
 void request_complete(chorus_request_t *req, chorus_result rc) {
   request_complete_text(req, rc, NULL);
@@ -47,6 +48,8 @@ void request_complete_text(chorus_request_t *req, chorus_result rc, const char *
     comm_error(c, rc, "%s (%s, %llu elements) failed: %s", coll_kind_str(req->coll),
                chorus_dtype_name(req->plan->dtype), (unsigned long long)req->count,
                chorus_strerror(rc));
+  if (!rc && req->stage_out) /* the result, out of the staging buffer (coll.c) */
+    memcopy(req->stage_out, c->stage, req->stage_len);
   pthread_mutex_lock(&c->lock);
   req->result = rc;
   atomic_store_explicit(&req->done, 1, memory_order_release);
@@ -72,6 +75,8 @@ void request_release(chorus_request_t *req) {
   free(req->xbufs);
   free(req->park_why);
   free(req->tmp);
+  if (req->staged)
+    c->stage_busy = false;
   if (!c->spare_req)
     c->spare_req = req; /* the next call's (coll_prepare) */
   else

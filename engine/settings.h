@@ -21,6 +21,7 @@ typedef struct chorus_settings {
   double connect_timeout_s; /* CHORUS_CONNECT_TIMEOUT */
   size_t chunk_bytes;       /* CHORUS_CHUNK_BYTES: pipeline chunk */
   size_t shm_bounce;        /* CHORUS_SHM_BOUNCE: largest shm message bounced, 0 = none */
+  size_t shm_stage;         /* CHORUS_SHM_STAGE: largest shm collective staged, 0 = none */
   size_t max_posted;        /* CHORUS_MAX_POSTED: receives/sends in flight per rank */
   int spin_us;              /* CHORUS_SPIN_US: progress thread's busy-poll before sleeping */
   int wait_spin_us;         /* CHORUS_WAIT_SPIN_US: a blocked caller's polling before sleeping */

@@ -3,7 +3,9 @@
  * buffers in place (borrowed receives) or copying out of them, with the
  * results exact whether some, all or none of the ranks use such buffers.
  */
+#define _GNU_SOURCE /* sched_setaffinity */
 #include <criterion/criterion.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,9 +139,11 @@ static int mem_rank(int rank, int size, const char *addr, void *arg) {
   return bad;
 }
 
+/* CHORUS_SHM_STAGE=0: each rank's own buffers, whatever the cores (with 3
+ * ranks on 2 cores plain memory would be staged; see the staging tests) */
 static void run(int n, int mask) {
   struct mem_case mc = {mask};
-  const char *envs[] = {"CHORUS_PROVIDER=shm", NULL};
+  const char *envs[] = {"CHORUS_PROVIDER=shm", "CHORUS_SHM_STAGE=0", NULL};
   mp_result_t r = mp_run(n, mem_rank, &mc, 240, envs);
   cr_assert_eq(r.timed_out, 0, "%d ranks, mask %#x: timed out", n, mask);
   cr_assert_eq(r.failed, 0, "%d ranks, mask %#x: %d rank(s) failed", n, mask, r.failed);
@@ -317,6 +321,143 @@ Test(mem, allreduce_some_registered_3) {
 }
 Test(mem, allreduce_none_registered_2) {
   run(2, 0x0);
+}
+
+/* Staging (coll.c): with ranks outnumbering the cores, an allreduce or an
+ * allgather from plain memory past the bounce slots runs in the
+ * communicator's mappable buffer, so peers read it in place and no byte
+ * moves by CMA; results exact, in place or not, with the buffer growing,
+ * with a second call live meanwhile (it runs on its own buffers), and the
+ * result in the caller's buffer. Three ranks on CPU 0. arg: the expected
+ * path, "staged" or "cma" (CHORUS_SHM_STAGE=0 or too small a limit). */
+static int check_allgather(const float *out, size_t blk, int size, int rank, int pass) {
+  for (int r = 0; r < size; r++)
+    for (size_t i = 0; i < blk; i++)
+      if (out[(size_t)r * blk + i] != (float)(r * 100000 + (int)(i % 50000) + pass)) {
+        fprintf(stderr, "rank %d: allgather pass %d: block %d [%zu] = %g\n", rank, pass, r, i,
+                (double)out[(size_t)r * blk + i]);
+        return 1;
+      }
+  return 0;
+}
+
+static int stage_rank(int rank, int size, const char *addr, void *arg) {
+  const bool staged = strcmp(arg, "staged") == 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(0, &set);
+  if (sched_setaffinity(0, sizeof(set), &set)) {
+    perror("sched_setaffinity");
+    return 1;
+  }
+  chorus_comm_t *c;
+  if (chorus_comm_init(&c, rank, size, addr)) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
+    return 1;
+  }
+  int bad = 0;
+  /* allreduce: 256 KiB, then 4 MiB (the buffer grows), in place or not */
+  static const size_t counts[] = {65536, 1u << 20};
+  for (size_t k = 0; k < 2 && !bad; k++)
+    for (int inplace = 0; inplace < 2 && !bad; inplace++) {
+      size_t n = counts[k];
+      float *in = malloc(n * sizeof(float)), *out = inplace ? in : malloc(n * sizeof(float));
+      chk_fill(in, n, CHORUS_FLOAT32, CHORUS_SUM, rank);
+      if (!inplace)
+        memset(out, 0xA5, n * sizeof(float));
+      if (chorus_allreduce(c, in, out, n, CHORUS_FLOAT32, CHORUS_SUM)) {
+        fprintf(stderr, "rank %d: allreduce: %s\n", rank, chorus_comm_last_error(c));
+        bad = 1;
+      } else if (chk_verify(out, n, CHORUS_FLOAT32, CHORUS_SUM, size, rank, "allreduce")) {
+        bad = 1;
+      }
+      if (!inplace)
+        free(out);
+      free(in);
+    }
+  /* allgather of 3 x 400 KB, in place (sendbuf = recvbuf + rank*blk) or
+   * not, twice over the same buffers */
+  const size_t blk = 100000;
+  float *ag = malloc((size_t)size * blk * sizeof(float)), *mine = malloc(blk * sizeof(float));
+  for (int pass = 0; pass < 4 && !bad; pass++) {
+    bool inplace = pass & 1;
+    float *src = inplace ? ag + (size_t)rank * blk : mine;
+    memset(ag, 0xA5, (size_t)size * blk * sizeof(float));
+    for (size_t i = 0; i < blk; i++)
+      src[i] = (float)(rank * 100000 + (int)(i % 50000) + pass);
+    if (chorus_allgather(c, src, ag, blk, CHORUS_FLOAT32)) {
+      fprintf(stderr, "rank %d: allgather: %s\n", rank, chorus_comm_last_error(c));
+      bad = 1;
+    } else {
+      bad = check_allgather(ag, blk, size, rank, pass);
+    }
+  }
+  /* which path the data took */
+  prov_ofi_rndv_stats_t st0, st;
+  if (!bad && prov_ofi_rndv_stats(c->prov, &st0) == 0) {
+    bool ok = staged ? st0.cma_bytes == 0 && st0.mapped_bytes + st0.borrowed_bytes > 0
+                     : st0.cma_bytes > 0 && st0.mapped_bytes + st0.borrowed_bytes == 0;
+    if (!ok) {
+      fprintf(stderr, "rank %d: want %s: cma %llu mapped %llu borrowed %llu\n", rank,
+              (const char *)arg, (unsigned long long)st0.cma_bytes,
+              (unsigned long long)st0.mapped_bytes, (unsigned long long)st0.borrowed_bytes);
+      bad = 1;
+    }
+  } else if (!bad) {
+    fprintf(stderr, "rank %d: not a prov_ofi\n", rank);
+    bad = 1;
+  }
+
+  /* two nonblocking allreduces live at once: the second runs on its own
+   * buffers (by CMA); both land where the caller asked */
+  const size_t n = 200000;
+  float *a_in = malloc(n * sizeof(float)), *a_out = malloc(n * sizeof(float));
+  float *b_in = malloc(n * sizeof(float)), *b_out = malloc(n * sizeof(float));
+  chk_fill(a_in, n, CHORUS_FLOAT32, CHORUS_SUM, rank);
+  chk_fill(b_in, n, CHORUS_FLOAT32, CHORUS_MAX, rank);
+  chorus_request_t *ra = NULL, *rb = NULL;
+  if (!bad && (chorus_iallreduce(c, a_in, a_out, n, CHORUS_FLOAT32, CHORUS_SUM, &ra) ||
+               chorus_iallreduce(c, b_in, b_out, n, CHORUS_FLOAT32, CHORUS_MAX, &rb) ||
+               chorus_wait(&rb) || chorus_wait(&ra))) {
+    fprintf(stderr, "rank %d: iallreduce: %s\n", rank, chorus_comm_last_error(c));
+    bad = 1;
+  }
+  if (!bad && (chk_verify(a_out, n, CHORUS_FLOAT32, CHORUS_SUM, size, rank, "first") ||
+               chk_verify(b_out, n, CHORUS_FLOAT32, CHORUS_MAX, size, rank, "second")))
+    bad = 1;
+  free(a_in), free(a_out), free(b_in), free(b_out), free(ag), free(mine);
+
+  if (!bad && staged && prov_ofi_rndv_stats(c->prov, &st) == 0 &&
+      (st.cma_bytes == 0 ||
+       st.mapped_bytes + st.borrowed_bytes == st0.mapped_bytes + st0.borrowed_bytes)) {
+    fprintf(stderr,
+            "rank %d: want one staged call and one by CMA: cma %llu, mapped+borrowed %llu\n", rank,
+            (unsigned long long)st.cma_bytes,
+            (unsigned long long)(st.mapped_bytes + st.borrowed_bytes));
+    bad = 1;
+  }
+  if (chorus_comm_destroy(c))
+    bad = 1;
+  return bad;
+}
+
+Test(mem, plain_memory_is_staged_when_ranks_share_cores) {
+  const char *envs[] = {"CHORUS_PROVIDER=shm", NULL};
+  mp_result_t r = mp_run(3, stage_rank, "staged", 120, envs);
+  cr_assert_eq(r.timed_out, 0);
+  cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
+}
+
+Test(mem, staging_off_or_past_its_limit_goes_by_cma) {
+  const char *off[] = {"CHORUS_PROVIDER=shm", "CHORUS_SHM_STAGE=0", NULL};
+  mp_result_t r = mp_run(3, stage_rank, "cma", 120, off);
+  cr_assert_eq(r.timed_out, 0);
+  cr_assert_eq(r.failed, 0, "CHORUS_SHM_STAGE=0: %d rank(s) failed", r.failed);
+  /* every call here is past 64 KiB */
+  const char *small[] = {"CHORUS_PROVIDER=shm", "CHORUS_SHM_STAGE=64K", NULL};
+  r = mp_run(3, stage_rank, "cma", 120, small);
+  cr_assert_eq(r.timed_out, 0);
+  cr_assert_eq(r.failed, 0, "CHORUS_SHM_STAGE=64K: %d rank(s) failed", r.failed);
 }
 
 /* Scratch past CHORUS_BUFFSIZE: a plan that needs more than the cached
