@@ -746,7 +746,9 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
  * runs in place in the communicator's own mappable buffer: this rank's data
  * is copied in when the call starts (coll_prepare), the result out when the
  * request completes (request_complete_text), and the steps between move and
- * reduce without a CMA copy. The buffer serves one live request at a time;
+ * reduce without a CMA copy. A broadcast's root copies its data in and
+ * sends from there; the other ranks receive into their own buffers (a
+ * copy out at each would cost more than it saves). The buffer serves one live request at a time;
  * another call meanwhile runs on its own buffers, as does every call when a
  * region can not be made. Staged or not is each rank's own choice: it
  * changes where the data lies, not the schedule.
@@ -761,13 +763,16 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
  * Not with ranks on cores of their own: there the copy in rewrites lines
  * the peer then pulls from the other core, where CMA read a send buffer the
  * benchmark never rewrites (2 ranks, 2 MiB: allreduce 583 us staged, 158
- * not; allgather 289 against 77). Not broadcasts: every rank would copy
- * the result out (8 ranks, 2 MiB: 910 us staged, 716 not).
+ * not; allgather 289 against 77). Broadcasts (5 rounds): staged at every
+ * rank, 2 MiB took 910 us against 716; at the root only, 128 KiB 159 / 197
+ * / 119 us, 512 KiB 226 / 333 / 276, 2 MiB 635 / 760 / 908, 8 MiB 4.8 /
+ * 5.1 / 4.4 ms.
  */
 #define STAGE_ALLGATHER_MAX (2u << 20)
 static size_t stage_bytes(chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro) {
   if (k->multi || !k->count || c->stage_busy || !c->stage_fits ||
-      (k->coll != COLL_ALLREDUCE && k->coll != COLL_ALLGATHER))
+      (k->coll != COLL_ALLREDUCE && k->coll != COLL_ALLGATHER &&
+       (k->coll != COLL_BCAST || c->rank != k->root)))
     return 0;
   const size_t bytes = ro->recv_bytes, bounce = comm_shm_bounce(c);
   memreg_info_t mi;
@@ -806,6 +811,11 @@ static void stage_begin(chorus_comm_t *c, const coll_call_t *k, size_t bytes, ch
   case COLL_ALLREDUCE:
     memcopy(st, k->sendbuf, bytes);
     break;
+  case COLL_BCAST: /* the root: its data in, sent from there, copied to recvbuf by the plan */
+    memcopy(st, k->sendbuf, bytes);
+    r->recvbuf = k->recvbuf;
+    r->stage_out = NULL;
+    break;
   case COLL_ALLGATHER:
     blk = bytes / (size_t)c->size;
     r->sendbuf = st + (size_t)c->rank * blk;
@@ -833,8 +843,8 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
   if (ret)
     return ret;
   const size_t staged = multi ? 0 : stage_bytes(c, k, &ro);
-  if (staged)
-    inplace = true;
+  if (staged) /* a broadcast's root sends from the buffer; the others in place in it */
+    inplace = k->coll != COLL_BCAST;
   sh.a = (algo_args_t){.coll = k->coll,
                        .rank = c->rank,
                        .nranks = c->size,

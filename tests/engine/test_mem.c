@@ -326,7 +326,8 @@ Test(mem, allreduce_none_registered_2) {
 /* Staging (coll.c): with ranks outnumbering the cores, an allreduce or an
  * allgather from plain memory past the bounce slots runs in the
  * communicator's mappable buffer, so peers read it in place and no byte
- * moves by CMA; results exact, in place or not, with the buffer growing,
+ * moves by CMA (a broadcast's root sends from it too); results exact, in
+ * place or not, with the buffer growing,
  * with a second call live meanwhile (it runs on its own buffers), and the
  * result in the caller's buffer. Three ranks on CPU 0. arg: the expected
  * path, "staged" or "cma" (CHORUS_SHM_STAGE=0 or too small a limit). */
@@ -392,6 +393,27 @@ static int stage_rank(int rank, int size, const char *addr, void *arg) {
       bad = check_allgather(ag, blk, size, rank, pass);
     }
   }
+  /* broadcasts of 1 MiB: the root sends from the buffer, in place or not */
+  const size_t nb = 1u << 18;
+  float *bb = malloc(nb * sizeof(float)), *bs = malloc(nb * sizeof(float));
+  for (int root = 0; root < size && !bad; root++) {
+    bool inplace = root & 1;
+    float *src = inplace ? bb : bs;
+    memset(bb, 0xA5, nb * sizeof(float));
+    for (size_t i = 0; i < nb && rank == root; i++)
+      src[i] = (float)(root * 7 + (int)(i % 1000));
+    if (chorus_bcast(c, src, bb, nb, CHORUS_FLOAT32, root)) {
+      fprintf(stderr, "rank %d: bcast: %s\n", rank, chorus_comm_last_error(c));
+      bad = 1;
+    }
+    for (size_t i = 0; i < nb && !bad; i++)
+      if (bb[i] != (float)(root * 7 + (int)(i % 1000))) {
+        fprintf(stderr, "rank %d: bcast from %d: [%zu] = %g\n", rank, root, i, (double)bb[i]);
+        bad = 1;
+      }
+  }
+  free(bb), free(bs);
+
   /* which path the data took */
   prov_ofi_rndv_stats_t st0, st;
   if (!bad && prov_ofi_rndv_stats(c->prov, &st0) == 0) {
