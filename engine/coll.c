@@ -740,90 +740,97 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
  * Staging. Over shm a message from a buffer peers can map (chorus_mem_alloc)
  * is read where it lies: copied out of it, or reduced straight from it
  * (PROV_OP_BORROW); from any other buffer the receiver copies it through
- * the kernel (CMA: a system call, page pinning, then the copy). When ranks
- * outnumber the cores, an allreduce or allgather from plain memory, past
- * the bounce slots (CHORUS_SHM_BOUNCE) and up to CHORUS_SHM_STAGE bytes,
- * runs in place in the communicator's own mappable buffer: this rank's data
- * is copied in when the call starts (coll_prepare), the result out when the
- * request completes (request_complete_text), and the steps between move and
- * reduce without a CMA copy. A broadcast's root copies its data in and
- * sends from there; the other ranks receive into their own buffers (a
- * copy out at each would cost more than it saves). The buffer serves one live request at a time;
- * another call meanwhile runs on its own buffers, as does every call when a
- * region can not be made. Staged or not is each rank's own choice: it
- * changes where the data lies, not the schedule.
+ * the kernel (CMA: a system call, page pinning, then the copy). When a
+ * host's ranks outnumber its cores, calls from plain memory past the bounce
+ * slots (CHORUS_SHM_BOUNCE) use the communicator's own mappable buffer, of
+ * up to CHORUS_SHM_STAGE bytes:
+ *   STAGE_ALL   an allreduce runs in place in it: this rank's data copied
+ *               in when the call starts (coll_prepare), the result out when
+ *               the request completes (request_complete_text);
+ *   STAGE_SEND  an allgather's own block, or a broadcast root's data, is
+ *               copied in and sent from there; peers copy it where it lies
+ *               straight into their own buffers, which the plan fills as
+ *               usual. Allgathers then take the direct algorithm (every
+ *               peer reads every block from its owner: select.c,
+ *               cost_allgather), not one that forwards what it received
+ *               out of plain memory.
+ * The buffer serves one live request at a time; another call meanwhile
+ * runs on its own buffers, as does every call when a region can not be
+ * made. Staged or not is each rank's own choice: it changes where the data
+ * lies, not the schedule.
  *
- * 8 ranks on 2 cores, float32 sum, 4 interleaved rounds, medians, staged /
- * not (CHORUS_SHM_STAGE=0) / Open MPI: allreduce 128 KiB 462 / 533 / 446 us,
- * 512 KiB 519 / 636 / 808, 2 MiB 1978 / 2985 / 2873, 8 MiB 9.9 / 13.9 /
- * 14.2 ms, 16 MiB 25.8 / 33.1 / 38.8 (3 rounds); allgather 128 KiB 126 /
- * 181 / 212 us, 512 KiB 233 / 388 / 364, 2 MiB 740 / 847 / 970, but 4 MiB
- * 2279 / 2145 / 2501 and 8 MiB 7127 / 7390 / 6007 (5 rounds): past
- * STAGE_ALLGATHER_MAX copying the whole result out costs what CMA did.
- * Not with ranks on cores of their own: there the copy in rewrites lines
- * the peer then pulls from the other core, where CMA read a send buffer the
- * benchmark never rewrites (2 ranks, 2 MiB: allreduce 583 us staged, 158
- * not; allgather 289 against 77). Broadcasts (5 rounds): staged at every
- * rank, 2 MiB took 910 us against 716; at the root only, 128 KiB 159 / 197
- * / 119 us, 512 KiB 226 / 333 / 276, 2 MiB 635 / 760 / 908, 8 MiB 4.8 /
- * 5.1 / 4.4 ms.
+ * 8 ranks on 2 cores, float32, interleaved rounds, medians, staged / not
+ * (CHORUS_SHM_STAGE=0) / Open MPI: allreduce (4 rounds) 128 KiB 462 / 533 /
+ * 446 us, 512 KiB 519 / 636 / 808, 2 MiB 1978 / 2985 / 2873, 8 MiB 9.9 /
+ * 13.9 / 14.2 ms, 16 MiB 25.8 / 33.1 / 38.8 (3 rounds); broadcast (5
+ * rounds) 128 KiB 159 / 197 / 119 us, 512 KiB 226 / 333 / 276, 2 MiB 635 /
+ * 760 / 908, 8 MiB 4.8 / 5.1 / 4.4 ms; allgather (4 rounds) 4 MiB 903 /
+ * 1853 / 2009 us, 8 MiB 2.8 / 5.0 / 5.0 ms, 16 MiB 6.9 / 13.3 / 12.6, 64
+ * MiB 35.3 / 51.1 / 49.8. Tried and left: an allgather in place in the
+ * buffer, copied out whole (128 KiB 131 against 121 us sending from it, 512
+ * KiB 244 / 186, 2 MiB 1306 / 419); a broadcast staged at every rank (2
+ * MiB: 910 us against 716 unstaged). Not with ranks on cores of their own:
+ * there the copy in rewrites lines the peer then pulls from the other core,
+ * where CMA read a send buffer the benchmark never rewrites (2 ranks, 2
+ * MiB: allreduce 583 us staged, 158 not; allgather 289 against 77; 64 MiB
+ * allgather, its block sent from the buffer, 9.3 against 9.1 ms).
  */
-#define STAGE_ALLGATHER_MAX (2u << 20)
-static size_t stage_bytes(chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro) {
-  if (k->multi || !k->count || c->stage_busy || !c->stage_fits ||
-      (k->coll != COLL_ALLREDUCE && k->coll != COLL_ALLGATHER &&
-       (k->coll != COLL_BCAST || c->rank != k->root)))
-    return 0;
-  const size_t bytes = ro->recv_bytes, bounce = comm_shm_bounce(c);
+typedef enum { STAGE_NONE, STAGE_ALL, STAGE_SEND } stage_mode;
+
+/* How k runs staged, and the buffer it takes (*need bytes, allocated). */
+static stage_mode stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro,
+                             size_t *need) {
+  if (k->multi || !k->count || c->stage_busy || !c->stage_shm || !c->set.shm_stage)
+    return STAGE_NONE;
+  const size_t bytes = ro->recv_bytes, bounce = comm_shm_bounce(c), max = c->set.shm_stage;
+  const bool shared = c->stage_shared;
+  stage_mode mode = STAGE_NONE;
+  *need = bytes;
+  if (k->coll == COLL_ALLREDUCE && shared && bytes <= max)
+    mode = STAGE_ALL;
+  else if (k->coll == COLL_BCAST && shared && c->rank == k->root && bytes <= max)
+    mode = STAGE_SEND;
+  else if (k->coll == COLL_ALLGATHER && shared && (*need = ro->send_bytes) <= max)
+    mode = STAGE_SEND;
   memreg_info_t mi;
-  if (bytes > c->set.shm_stage || (bounce != PROV_BOUNCE_NONE && bytes <= bounce) ||
-      (k->coll == COLL_ALLGATHER && bytes > STAGE_ALLGATHER_MAX) ||
+  if (!mode || (bounce != PROV_BOUNCE_NONE && bytes <= bounce) ||
       memreg_lookup(k->recvbuf, bytes, &mi) ||
       (ro->send_used && memreg_lookup(k->sendbuf, ro->send_bytes, &mi)))
-    return 0;
-  if (c->stage_bytes < bytes) {
+    return STAGE_NONE;
+  if (c->stage_bytes < *need) {
     size_t want = (size_t)1 << 20;
-    while (want < bytes)
+    while (want < *need)
       want <<= 1;
-    if (want > c->set.shm_stage)
-      want = bytes;
+    if (want > max)
+      want = *need;
     void *p;
     if (memreg_alloc(&p, want))
-      return 0;
+      return STAGE_NONE;
     if (c->stage)
       memreg_free(c->stage);
     c->stage = p;
     c->stage_bytes = want;
   }
-  return bytes;
+  return mode;
 }
 
-/* Runs r in the staging buffer: this rank's data in, the buffers switched. */
-static void stage_begin(chorus_comm_t *c, const coll_call_t *k, size_t bytes, chorus_request_t *r) {
+/* Runs r staged: this rank's data in, the buffers switched. */
+static void stage_begin(chorus_comm_t *c, const coll_call_t *k, stage_mode mode, size_t need,
+                        chorus_request_t *r) {
   unsigned char *st = c->stage;
-  size_t blk = bytes;
   r->staged = true;
-  r->stage_out = k->recvbuf;
-  r->stage_len = bytes;
-  r->sendbuf = r->recvbuf = st;
   c->stage_busy = true;
-  switch (k->coll) {
-  case COLL_ALLREDUCE:
-    memcopy(st, k->sendbuf, bytes);
-    break;
-  case COLL_BCAST: /* the root: its data in, sent from there, copied to recvbuf by the plan */
-    memcopy(st, k->sendbuf, bytes);
+  if (mode == STAGE_SEND) { /* sent from the buffer; the plan fills recvbuf */
+    memcopy(st, k->sendbuf, need);
+    r->sendbuf = st;
     r->recvbuf = k->recvbuf;
-    r->stage_out = NULL;
-    break;
-  case COLL_ALLGATHER:
-    blk = bytes / (size_t)c->size;
-    r->sendbuf = st + (size_t)c->rank * blk;
-    memcopy(st + (size_t)c->rank * blk, k->sendbuf, blk);
-    break;
-  default:
-    break;
+    return;
   }
+  /* in place in the buffer, the result copied out at completion */
+  r->stage_out = k->recvbuf;
+  r->stage_len = need;
+  r->sendbuf = r->recvbuf = st;
+  memcopy(st, k->sendbuf, need);
 }
 
 static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus_request_t **out) {
@@ -842,9 +849,10 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
     ret = coll_validate(c, k, &ro, &inplace);
   if (ret)
     return ret;
-  const size_t staged = multi ? 0 : stage_bytes(c, k, &ro);
-  if (staged) /* a broadcast's root sends from the buffer; the others in place in it */
-    inplace = k->coll != COLL_BCAST;
+  size_t stage_need = 0;
+  const stage_mode staged = multi ? STAGE_NONE : stage_plan(c, k, &ro, &stage_need);
+  if (staged)
+    inplace = staged == STAGE_ALL;
   sh.a = (algo_args_t){.coll = k->coll,
                        .rank = c->rank,
                        .nranks = c->size,
@@ -923,7 +931,7 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
     goto out_nomem;
   /* nothing can fail from here: the sequence numbers are taken */
   if (staged && sh.d)
-    stage_begin(c, k, staged, r);
+    stage_begin(c, k, staged, stage_need, r);
   r->count = count;
   if (coll_p2p(k->coll)) {
     r->seq = c->p2p_seq[2 * k->root + (k->coll == COLL_RECV)]++;
@@ -1327,6 +1335,11 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
     s->pull_min = bounce == PROV_BOUNCE_NONE ? 1 : (double)bounce + 1;
   }
   select_share_cores(s, per_core);
+  if (c->set.shm_stage && per_core > 1 && comm_shm_only(c)) {
+    size_t bounce = comm_shm_bounce(c);
+    s->stage_min = bounce == PROV_BOUNCE_NONE ? 0 : (double)bounce;
+    s->stage_block = (double)c->set.shm_stage;
+  }
   c->chunk_bytes = dflt ? SEL_DEFAULT_CHUNK * (size_t)per_core : c->set.chunk_bytes;
   if (dflt && c->chunk_bytes < SEL_SOCK_CHUNK && sock)
     c->chunk_bytes = SEL_SOCK_CHUNK;
@@ -1362,7 +1375,8 @@ chorus_result coll_comm_init(chorus_comm_t *c) {
     return comm_error(c, CHORUS_ERR_ENV, "CHORUS_ALGO=\"%s\": %s", c->set.algo, err);
   sel_fit_cores(c, &c->sel);
   c->yield_after_ns = coll_ranks_per_core(c) > 1 ? 0 : COMM_YIELD_AFTER_NS;
-  c->stage_fits = c->set.shm_stage && comm_shm_only(c) && coll_ranks_per_core(c) > 1;
+  c->stage_shm = comm_shm_only(c);
+  c->stage_shared = coll_ranks_per_core(c) > 1;
   if (c->home_cpu == COMM_HOME_UNSET) /* else a split or shrink's parent's */
     c->home_cpu = home_cpu(c);
   c->sel_ready = true;

@@ -171,7 +171,8 @@ struct chorus_comm {
   void *stage;                  /* mappable staging buffer (coll.c, "Staging"), or NULL */
   size_t stage_bytes;           /* its size */
   bool stage_busy;              /* a live request runs in it */
-  bool stage_fits;              /* calls may run in it (coll.c, "Staging") */
+  bool stage_shm;               /* every peer on this host, over shm (coll.c, "Staging") */
+  bool stage_shared;            /* ranks here outnumber the cores */
   char last_algo[32];           /* chorus_comm_last_algorithm */
   const algo_desc_t *last_algo_d;
   uint16_t *p2p_seq; /* [2*size]: next send to peer p at 2p, next receive from p at 2p+1 */

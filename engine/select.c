@@ -520,6 +520,8 @@ static double cost_allgather(const model_t *m, const char *name) {
     return (n - 1) * (f.alpha + m->m * f.beta);
   if (!strcmp(name, "direct")) {
     const double t = (n - 1) * (f.alpha + m->m * f.beta) - (n - 2) * turn(m->s);
+    if (m->s->stage_block > 0 && N > m->s->stage_min && m->m <= m->s->stage_block)
+      return t;
     return (n - 1) * m->m > m->s->peer_cache ? t + (n - 1) * m->m * f.beta : t;
   }
   if (!strcmp(name, "rd"))

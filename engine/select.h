@@ -49,6 +49,10 @@ typedef struct select_ctx {
    * receiver, out of the sender's buffer (shm's CMA rendezvous; 0: never,
    * the data crosses a wire); see cost_bcast */
   double pull_min;
+  /* allgathers of more than stage_min bytes whose blocks are at most
+   * stage_block bytes send from a mappable buffer (coll.c, "Staging"):
+   * peers copy each block where it lies; 0: not staged */
+  double stage_min, stage_block;
   bool deterministic;
   select_rule_t *rules; /* from CHORUS_ALGO, in the order given */
   size_t nrules;
