@@ -326,8 +326,9 @@ Test(mem, allreduce_none_registered_2) {
 /* Staging (coll.c): with ranks outnumbering the cores, an allreduce or an
  * allgather from plain memory past the bounce slots runs in the
  * communicator's mappable buffer, so peers read it in place and no byte
- * moves by CMA (a broadcast's root sends from it too); results exact, in
- * place or not, with the buffer growing,
+ * moves by CMA (an allgather's own block and a broadcast root's data are
+ * sent from it; allgathers then go direct); results exact, in place or
+ * not, with the buffer growing,
  * with a second call live meanwhile (it runs on its own buffers), and the
  * result in the caller's buffer. Three ranks on CPU 0. arg: the expected
  * path, "staged" or "cma" (CHORUS_SHM_STAGE=0 or too small a limit). */
@@ -393,6 +394,25 @@ static int stage_rank(int rank, int size, const char *addr, void *arg) {
       bad = check_allgather(ag, blk, size, rank, pass);
     }
   }
+  /* 3 x 8 MiB: staged, every peer reads the block where it lies, so the
+   * model takes the direct allgather; unstaged, blocks past the peer cache
+   * cost it one more pass (the ring) */
+  const size_t big = 2u << 20;
+  float *bg = malloc((size_t)size * big * sizeof(float)), *bm = malloc(big * sizeof(float));
+  for (size_t i = 0; i < big; i++)
+    bm[i] = (float)(rank * 100000 + (int)(i % 50000) + 7);
+  if (!bad && chorus_allgather(c, bm, bg, big, CHORUS_FLOAT32)) {
+    fprintf(stderr, "rank %d: allgather 8 MiB: %s\n", rank, chorus_comm_last_error(c));
+    bad = 1;
+  }
+  if (!bad)
+    bad = check_allgather(bg, big, size, rank, 7);
+  if (!bad && (strcmp(chorus_comm_last_algorithm(c), "direct") == 0) != staged) {
+    fprintf(stderr, "rank %d: allgather 3 x 8 MiB by %s\n", rank, chorus_comm_last_algorithm(c));
+    bad = 1;
+  }
+  free(bg), free(bm);
+
   /* broadcasts of 1 MiB: the root sends from the buffer, in place or not */
   const size_t nb = 1u << 18;
   float *bb = malloc(nb * sizeof(float)), *bs = malloc(nb * sizeof(float));
