@@ -80,10 +80,11 @@ static const struct setting settings_table[] = {
      "read out by the receiver instead of a CMA copy (at most 64K when ranks outnumber cores); "
      "0 = CMA only",
      FIELD(shm_bounce), 0, 262144},
-    {"CHORUS_SHM_STAGE", SET_SIZE, "16M",
-     "shm: largest allreduce, broadcast or allgather (its whole buffer) from memory peers can not "
-     "map that runs in a mappable staging buffer of the communicator: copied in, read in place by "
-     "the peers instead of CMA copies, copied out; only past CHORUS_SHM_BOUNCE; 0 = never",
+    {"CHORUS_SHM_STAGE", SET_SIZE, "64M",
+     "shm, ranks outnumbering cores: size of the communicator's mappable staging buffer, the "
+     "largest broadcast, allgather block or allreduce (at most 16M) from memory peers can not map "
+     "that is copied into it so that peers read it in place instead of by CMA; only past "
+     "CHORUS_SHM_BOUNCE; 0 = never",
      FIELD(shm_stage), 0, 1099511627776.0},
     {"CHORUS_MAX_POSTED", SET_COUNT, "256", "sends and receives in flight per rank",
      FIELD(max_posted), 1, 1048576},

@@ -327,8 +327,9 @@ Test(mem, allreduce_none_registered_2) {
  * allgather from plain memory past the bounce slots runs in the
  * communicator's mappable buffer, so peers read it in place and no byte
  * moves by CMA (an allgather's own block and a broadcast root's data are
- * sent from it; allgathers then go direct); results exact, in place or
- * not, with the buffer growing,
+ * sent from it; allgathers then go direct, broadcasts flat; allreduces
+ * past 16 MiB are not staged); results exact, in place or not, with the
+ * buffer growing,
  * with a second call live meanwhile (it runs on its own buffers), and the
  * result in the caller's buffer. Three ranks on CPU 0. arg: the expected
  * path, "staged" or "cma" (CHORUS_SHM_STAGE=0 or too small a limit). */
@@ -434,6 +435,27 @@ static int stage_rank(int rank, int size, const char *addr, void *arg) {
   }
   free(bb), free(bs);
 
+  /* 8 MiB from rank 0, past the peer cache: staged, every receiver reads
+   * the root's buffer where it lies, so the model takes the flat broadcast;
+   * unstaged, the tree */
+  float *b8 = malloc(big * sizeof(float));
+  for (size_t i = 0; i < big; i++)
+    b8[i] = rank == 0 ? (float)(i % 5000) : -1.0f;
+  if (!bad && chorus_bcast(c, b8, b8, big, CHORUS_FLOAT32, 0)) {
+    fprintf(stderr, "rank %d: bcast 8 MiB: %s\n", rank, chorus_comm_last_error(c));
+    bad = 1;
+  }
+  for (size_t i = 0; i < big && !bad; i++)
+    if (b8[i] != (float)(i % 5000)) {
+      fprintf(stderr, "rank %d: bcast 8 MiB: [%zu] = %g\n", rank, i, (double)b8[i]);
+      bad = 1;
+    }
+  if (!bad && (strcmp(chorus_comm_last_algorithm(c), "linear") == 0) != staged) {
+    fprintf(stderr, "rank %d: bcast 8 MiB by %s\n", rank, chorus_comm_last_algorithm(c));
+    bad = 1;
+  }
+  free(b8);
+
   /* which path the data took */
   prov_ofi_rndv_stats_t st0, st;
   if (!bad && prov_ofi_rndv_stats(c->prov, &st0) == 0) {
@@ -478,6 +500,29 @@ static int stage_rank(int rank, int size, const char *addr, void *arg) {
             (unsigned long long)(st.mapped_bytes + st.borrowed_bytes));
     bad = 1;
   }
+
+  /* an allreduce past STAGE_ALLREDUCE_MAX (16 MiB) is not staged */
+  const size_t huge = 5u << 20; /* 20 MiB */
+  float *h = malloc(huge * sizeof(float));
+  chk_fill(h, huge, CHORUS_FLOAT32, CHORUS_SUM, rank);
+  prov_ofi_rndv_stats_t s1 = {0}, s2 = {0};
+  if (!bad && (prov_ofi_rndv_stats(c->prov, &s1) ||
+               chorus_allreduce(c, h, h, huge, CHORUS_FLOAT32, CHORUS_SUM) ||
+               prov_ofi_rndv_stats(c->prov, &s2))) {
+    fprintf(stderr, "rank %d: allreduce 20 MiB: %s\n", rank, chorus_comm_last_error(c));
+    bad = 1;
+  }
+  if (!bad && chk_verify(h, huge, CHORUS_FLOAT32, CHORUS_SUM, size, rank, "20 MiB"))
+    bad = 1;
+  if (!bad && (s2.cma_bytes == s1.cma_bytes ||
+               s2.mapped_bytes + s2.borrowed_bytes != s1.mapped_bytes + s1.borrowed_bytes)) {
+    fprintf(stderr, "rank %d: allreduce 20 MiB: want CMA only: cma +%llu, mapped+borrowed +%llu\n",
+            rank, (unsigned long long)(s2.cma_bytes - s1.cma_bytes),
+            (unsigned long long)(s2.mapped_bytes + s2.borrowed_bytes - s1.mapped_bytes -
+                                 s1.borrowed_bytes));
+    bad = 1;
+  }
+  free(h);
   if (chorus_comm_destroy(c))
     bad = 1;
   return bad;
