@@ -759,7 +759,8 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
  * The buffer serves one live request at a time; another call meanwhile
  * runs on its own buffers, as does every call when a region can not be
  * made. Staged or not is each rank's own choice: it changes where the data
- * lies, not the schedule.
+ * lies, not the schedule. With ranks on cores of their own only sends of
+ * at least STAGE_ALONE_MIN bytes are staged (STAGE_SEND).
  *
  * 8 ranks on 2 cores, float32, interleaved rounds, medians, staged / not
  * (CHORUS_SHM_STAGE=0) / Open MPI: allreduce (4 rounds) 128 KiB 462 / 533 /
@@ -771,11 +772,11 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
  * MiB 35.3 / 51.1 / 49.8. Tried and left: an allgather in place in the
  * buffer, copied out whole (128 KiB 131 against 121 us sending from it, 512
  * KiB 244 / 186, 2 MiB 1306 / 419); a broadcast staged at every rank (2
- * MiB: 910 us against 716 unstaged). Not with ranks on cores of their own:
- * there the copy in rewrites lines the peer then pulls from the other core,
- * where CMA read a send buffer the benchmark never rewrites (2 ranks, 2
- * MiB: allreduce 583 us staged, 158 not; allgather 289 against 77; 64 MiB
- * allgather, its block sent from the buffer, 9.3 against 9.1 ms).
+ * MiB: 910 us against 716 unstaged). With ranks on cores of their own,
+ * only large sends: below the size of the caches the copy in rewrites
+ * lines the peer then pulls from the other core, where CMA read a send
+ * buffer the benchmark never rewrites (2 ranks, 2 MiB: allreduce 583 us
+ * staged, 158 not; allgather 289 against 77; see STAGE_ALONE_MIN).
  */
 typedef enum { STAGE_NONE, STAGE_ALL, STAGE_SEND } stage_mode;
 
@@ -784,6 +785,16 @@ typedef enum { STAGE_NONE, STAGE_ALL, STAGE_SEND } stage_mode;
  * copies in and out grow with the message, the reduction's own traffic
  * does not shrink with it). */
 #define STAGE_ALLREDUCE_MAX ((size_t)16 << 20)
+
+/* With ranks on cores of their own, only a broadcast root's data or an
+ * allgather block of at least this is staged: past the caches, a copy in
+ * and a copy out of the mapping beat the peer's CMA copy, which pins every
+ * page. 2 ranks, 4 interleaved rounds, total sizes, unstaged / staged /
+ * Open MPI: allgather 4 MiB 230 / 531 / 225 us, 8 MiB 546 / 1050 / 428, 16
+ * MiB 1470 / 1216 / 1328, 32 MiB 3707 / 2781 / 3896, 64 MiB (6 rounds)
+ * 6.85 / 4.85 / 5.93 ms; broadcast 4 MiB 299 / 769 / 343 us, 8 MiB 680 /
+ * 651 / 776, 16 MiB 2082 / 1396 / 2477, 32 MiB 5241 / 3800 / 6727. */
+#define STAGE_ALONE_MIN ((size_t)8 << 20)
 
 /* How k runs staged, and the buffer it takes (*need bytes, allocated). */
 static stage_mode stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro,
@@ -796,9 +807,11 @@ static stage_mode stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_
   *need = bytes;
   if (k->coll == COLL_ALLREDUCE && shared && bytes <= max && bytes <= STAGE_ALLREDUCE_MAX)
     mode = STAGE_ALL;
-  else if (k->coll == COLL_BCAST && shared && c->rank == k->root && bytes <= max)
+  else if (k->coll == COLL_BCAST && c->rank == k->root && bytes <= max &&
+           (shared || bytes >= STAGE_ALONE_MIN))
     mode = STAGE_SEND;
-  else if (k->coll == COLL_ALLGATHER && shared && (*need = ro->send_bytes) <= max)
+  else if (k->coll == COLL_ALLGATHER && (*need = ro->send_bytes) <= max &&
+           (shared || *need >= STAGE_ALONE_MIN))
     mode = STAGE_SEND;
   memreg_info_t mi;
   if (!mode || (bounce != PROV_BOUNCE_NONE && bytes <= bounce) ||

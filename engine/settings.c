@@ -81,10 +81,11 @@ static const struct setting settings_table[] = {
      "0 = CMA only",
      FIELD(shm_bounce), 0, 262144},
     {"CHORUS_SHM_STAGE", SET_SIZE, "64M",
-     "shm, ranks outnumbering cores: size of the communicator's mappable staging buffer, the "
-     "largest broadcast, allgather block or allreduce (at most 16M) from memory peers can not map "
-     "that is copied into it so that peers read it in place instead of by CMA; only past "
-     "CHORUS_SHM_BOUNCE; 0 = never",
+     "shm: size of the communicator's mappable staging buffer, the largest broadcast, allgather "
+     "block or allreduce (at most 16M) from memory peers can not map that is copied into it so "
+     "that peers read it in place instead of by CMA; only past CHORUS_SHM_BOUNCE, when ranks "
+     "outnumber cores; with ranks on cores of their own, broadcasts and allgather blocks from 8M; "
+     "0 = never",
      FIELD(shm_stage), 0, 1099511627776.0},
     {"CHORUS_MAX_POSTED", SET_COUNT, "256", "sends and receives in flight per rank",
      FIELD(max_posted), 1, 1048576},

@@ -547,6 +547,89 @@ Test(mem, staging_off_or_past_its_limit_goes_by_cma) {
   cr_assert_eq(r.failed, 0, "CHORUS_SHM_STAGE=64K: %d rank(s) failed", r.failed);
 }
 
+/* With ranks on cores of their own (two ranks, two CPUs), only an allgather
+ * block or a broadcast root's data of at least 8 MiB is staged; less goes
+ * by CMA, as does everything with CHORUS_SHM_STAGE=0. On a one-CPU machine
+ * the ranks share it and every size is staged. arg: "alone" or "off". */
+static int alone_step(chorus_comm_t *c, int rank, int size, bool bcast, size_t n, bool want_mapped,
+                      const char *what) {
+  float *in = malloc(n * sizeof(float)), *out = malloc((size_t)size * n * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    in[i] = (float)(rank * 1000 + (int)(i % 999));
+  prov_ofi_rndv_stats_t s1, s2;
+  int bad = prov_ofi_rndv_stats(c->prov, &s1) != 0;
+  chorus_result rc = bad     ? CHORUS_ERR_INTERNAL
+                     : bcast ? chorus_bcast(c, in, out, n, CHORUS_FLOAT32, 1)
+                             : chorus_allgather(c, in, out, n, CHORUS_FLOAT32);
+  if (rc || prov_ofi_rndv_stats(c->prov, &s2)) {
+    fprintf(stderr, "rank %d: %s: %s\n", rank, what, chorus_comm_last_error(c));
+    bad = 1;
+  }
+  for (int r = 0; r < (bcast ? 1 : size) && !bad; r++)
+    for (size_t i = 0; i < n && !bad; i++) {
+      float want = (float)((bcast ? 1 : r) * 1000 + (int)(i % 999));
+      if (out[(size_t)r * n + i] != want) {
+        fprintf(stderr, "rank %d: %s: block %d [%zu] = %g\n", rank, what, r, i,
+                (double)out[(size_t)r * n + i]);
+        bad = 1;
+      }
+    }
+  /* the receiving side counts the bytes it copied, and how */
+  bool receives = !bcast || rank != 1;
+  unsigned long long cma = s2.cma_bytes - s1.cma_bytes,
+                     mapped =
+                         s2.mapped_bytes + s2.borrowed_bytes - s1.mapped_bytes - s1.borrowed_bytes;
+  if (!bad && receives && (want_mapped ? cma != 0 || mapped == 0 : cma == 0 || mapped != 0)) {
+    fprintf(stderr, "rank %d: %s: want %s: cma %llu mapped %llu\n", rank, what,
+            want_mapped ? "mapped" : "CMA", cma, mapped);
+    bad = 1;
+  }
+  free(in), free(out);
+  return bad;
+}
+
+static int alone_rank(int rank, int size, const char *addr, void *arg) {
+  const bool on = strcmp(arg, "alone") == 0;
+  cpu_set_t set, two;
+  if (sched_getaffinity(0, sizeof(set), &set)) {
+    perror("sched_getaffinity");
+    return 1;
+  }
+  CPU_ZERO(&two);
+  for (int cpu = 0, k = 0; cpu < CPU_SETSIZE && k < 2; cpu++)
+    if (CPU_ISSET(cpu, &set))
+      CPU_SET(cpu, &two), k++;
+  if (sched_setaffinity(0, sizeof(two), &two)) {
+    perror("sched_setaffinity");
+    return 1;
+  }
+  const bool shared = CPU_COUNT(&two) < 2;
+  chorus_comm_t *c;
+  if (chorus_comm_init(&c, rank, size, addr)) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
+    return 1;
+  }
+  const size_t mib = 1u << 18; /* floats */
+  int bad = alone_step(c, rank, size, false, 8 * mib, on, "allgather 2 x 8 MiB");
+  bad = bad || alone_step(c, rank, size, false, mib, on && shared, "allgather 2 x 1 MiB");
+  bad = bad || alone_step(c, rank, size, true, 8 * mib, on, "bcast 8 MiB");
+  bad = bad || alone_step(c, rank, size, true, 4 * mib, on && shared, "bcast 4 MiB");
+  if (chorus_comm_destroy(c))
+    bad = 1;
+  return bad;
+}
+
+Test(mem, ranks_on_cores_of_their_own_stage_only_large_sends) {
+  const char *envs[] = {"CHORUS_PROVIDER=shm", NULL};
+  mp_result_t r = mp_run(2, alone_rank, "alone", 120, envs);
+  cr_assert_eq(r.timed_out, 0);
+  cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
+  const char *off[] = {"CHORUS_PROVIDER=shm", "CHORUS_SHM_STAGE=0", NULL};
+  r = mp_run(2, alone_rank, "off", 120, off);
+  cr_assert_eq(r.timed_out, 0);
+  cr_assert_eq(r.failed, 0, "CHORUS_SHM_STAGE=0: %d rank(s) failed", r.failed);
+}
+
 /* Scratch past CHORUS_BUFFSIZE: a plan that needs more than the cached
  * buffer gets scratch of its own, which is kept for the next such call
  * (a fresh buffer costs a page fault a page) and given back once calls have
