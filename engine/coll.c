@@ -805,16 +805,18 @@ static stage_mode stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_
   const bool shared = c->stage_shared;
   stage_mode mode = STAGE_NONE;
   *need = bytes;
-  if (k->coll == COLL_ALLREDUCE && shared && bytes <= max && bytes <= STAGE_ALLREDUCE_MAX)
-    mode = STAGE_ALL;
-  else if (k->coll == COLL_BCAST && c->rank == k->root && bytes <= max &&
-           (shared || bytes >= STAGE_ALONE_MIN))
-    mode = STAGE_SEND;
-  else if (k->coll == COLL_ALLGATHER && (*need = ro->send_bytes) <= max &&
-           (shared || *need >= STAGE_ALONE_MIN))
-    mode = STAGE_SEND;
+  if (k->coll == COLL_ALLREDUCE) {
+    if (shared && bytes <= STAGE_ALLREDUCE_MAX)
+      mode = STAGE_ALL;
+  } else if (k->coll == COLL_ALLGATHER || (k->coll == COLL_BCAST && c->rank == k->root)) {
+    /* what is sent from the buffer: the own block, or the root's data */
+    if (k->coll == COLL_ALLGATHER)
+      *need = ro->send_bytes;
+    if (shared || *need >= STAGE_ALONE_MIN)
+      mode = STAGE_SEND;
+  }
   memreg_info_t mi;
-  if (!mode || (bounce != PROV_BOUNCE_NONE && bytes <= bounce) ||
+  if (!mode || *need > max || (bounce != PROV_BOUNCE_NONE && bytes <= bounce) ||
       memreg_lookup(k->recvbuf, bytes, &mi) ||
       (ro->send_used && memreg_lookup(k->sendbuf, ro->send_bytes, &mi)))
     return STAGE_NONE;
