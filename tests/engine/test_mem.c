@@ -323,6 +323,23 @@ Test(mem, allreduce_none_registered_2) {
   run(2, 0x0);
 }
 
+/* Bytes this rank's receives copied between two readings of the
+ * transport's counters: by CMA, and out of peers' mappings (mapped or
+ * borrowed). */
+typedef struct {
+  unsigned long long cma, mapped;
+} moved_t;
+
+static moved_t moved_since(const prov_ofi_rndv_stats_t *from, const prov_ofi_rndv_stats_t *to) {
+  return (moved_t){to->cma_bytes - from->cma_bytes, to->mapped_bytes + to->borrowed_bytes -
+                                                        from->mapped_bytes - from->borrowed_bytes};
+}
+
+/* Whether m went the one way: all out of mappings, or all by CMA. */
+static bool moved_only(moved_t m, bool mapped) {
+  return mapped ? m.cma == 0 && m.mapped > 0 : m.cma > 0 && m.mapped == 0;
+}
+
 /* Staging (coll.c): with ranks outnumbering the cores, an allreduce or an
  * allgather from plain memory past the bounce slots runs in the
  * communicator's mappable buffer, so peers read it in place and no byte
@@ -457,14 +474,12 @@ static int stage_rank(int rank, int size, const char *addr, void *arg) {
   free(b8);
 
   /* which path the data took */
-  prov_ofi_rndv_stats_t st0, st;
+  prov_ofi_rndv_stats_t none = {0}, st0, st;
   if (!bad && prov_ofi_rndv_stats(c->prov, &st0) == 0) {
-    bool ok = staged ? st0.cma_bytes == 0 && st0.mapped_bytes + st0.borrowed_bytes > 0
-                     : st0.cma_bytes > 0 && st0.mapped_bytes + st0.borrowed_bytes == 0;
-    if (!ok) {
-      fprintf(stderr, "rank %d: want %s: cma %llu mapped %llu borrowed %llu\n", rank,
-              (const char *)arg, (unsigned long long)st0.cma_bytes,
-              (unsigned long long)st0.mapped_bytes, (unsigned long long)st0.borrowed_bytes);
+    moved_t m = moved_since(&none, &st0);
+    if (!moved_only(m, staged)) {
+      fprintf(stderr, "rank %d: want %s: cma %llu mapped+borrowed %llu\n", rank, (const char *)arg,
+              m.cma, m.mapped);
       bad = 1;
     }
   } else if (!bad) {
@@ -514,12 +529,10 @@ static int stage_rank(int rank, int size, const char *addr, void *arg) {
   }
   if (!bad && chk_verify(h, huge, CHORUS_FLOAT32, CHORUS_SUM, size, rank, "20 MiB"))
     bad = 1;
-  if (!bad && (s2.cma_bytes == s1.cma_bytes ||
-               s2.mapped_bytes + s2.borrowed_bytes != s1.mapped_bytes + s1.borrowed_bytes)) {
+  moved_t m = moved_since(&s1, &s2);
+  if (!bad && !moved_only(m, false)) {
     fprintf(stderr, "rank %d: allreduce 20 MiB: want CMA only: cma +%llu, mapped+borrowed +%llu\n",
-            rank, (unsigned long long)(s2.cma_bytes - s1.cma_bytes),
-            (unsigned long long)(s2.mapped_bytes + s2.borrowed_bytes - s1.mapped_bytes -
-                                 s1.borrowed_bytes));
+            rank, m.cma, m.mapped);
     bad = 1;
   }
   free(h);
@@ -576,12 +589,10 @@ static int alone_step(chorus_comm_t *c, int rank, int size, bool bcast, size_t n
     }
   /* the receiving side counts the bytes it copied, and how */
   bool receives = !bcast || rank != 1;
-  unsigned long long cma = s2.cma_bytes - s1.cma_bytes,
-                     mapped =
-                         s2.mapped_bytes + s2.borrowed_bytes - s1.mapped_bytes - s1.borrowed_bytes;
-  if (!bad && receives && (want_mapped ? cma != 0 || mapped == 0 : cma == 0 || mapped != 0)) {
+  moved_t m = moved_since(&s1, &s2);
+  if (!bad && receives && !moved_only(m, want_mapped)) {
     fprintf(stderr, "rank %d: %s: want %s: cma %llu mapped %llu\n", rank, what,
-            want_mapped ? "mapped" : "CMA", cma, mapped);
+            want_mapped ? "mapped" : "CMA", m.cma, m.mapped);
     bad = 1;
   }
   free(in), free(out);
