@@ -963,7 +963,8 @@ chorus_result comm_open_transport(chorus_comm_t *c) {
                        .inproc_world = c->local ? c->local->world : NULL,
                        .host_of = c->topo ? c->topo->host_of : NULL,
                        .shm_bounce = comm_shm_bounce(c),
-                       .iface = c->set.sock_iface};
+                       .iface = c->set.sock_iface,
+                       .sock_sndbuf = c->set.sock_sndbuf};
   if (c->set.faults[0]) {
     if (fault_plan_parse(c->set.faults, &c->faults, err, sizeof(err)))
       return comm_error(c, CHORUS_ERR_ENV, "CHORUS_FAULTS: %s", err);

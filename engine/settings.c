@@ -66,6 +66,11 @@ static const struct setting settings_table[] = {
      "sock transport: network interface to listen on (e.g. eth0, lo); empty = FI_TCP_IFACE when "
      "set, else the first IPv4 interface that is up and not loopback, else loopback",
      FIELD(sock_iface), 0, 0},
+    {"CHORUS_SOCK_SNDBUF", SET_SIZE, "256K",
+     "sock transport: send buffer (SO_SNDBUF) of a connection between two ranks on one host, "
+     "where TCP is the kernel copying memory and less in flight stays in the caches; between "
+     "hosts, and with 0, the kernel sizes it",
+     FIELD(sock_sndbuf), 0, 1073741824.0},
     {"CHORUS_JOB_TOKEN", SET_SECRET, "",
      "shared secret of the job; every rank must present rank 0's token at the rendezvous",
      FIELD(job_token), 0, 0},

@@ -17,6 +17,7 @@
 typedef struct chorus_settings {
   char provider[64];        /* CHORUS_PROVIDER: "" = auto (shm on one host, else tcp) */
   char sock_iface[64];      /* CHORUS_SOCK_IFACE: "" = FI_TCP_IFACE, else the first up non-lo */
+  size_t sock_sndbuf;       /* CHORUS_SOCK_SNDBUF: sock's send buffer inside a host, 0 = kernel's */
   char job_token[256];      /* CHORUS_JOB_TOKEN */
   double connect_timeout_s; /* CHORUS_CONNECT_TIMEOUT */
   size_t chunk_bytes;       /* CHORUS_CHUNK_BYTES: pipeline chunk */

@@ -148,6 +148,10 @@ typedef struct prov_config {
    * FI_TCP_IFACE when set, else the first IPv4 interface that is up and not
    * loopback, else loopback. */
   const char *iface;
+  /* sock: SO_SNDBUF of a connection whose two ends are on one host, where
+   * the kernel's TCP is a memory copy and less in flight stays in the
+   * caches; 0: the kernel's autotuning (always so between hosts). */
+  size_t sock_sndbuf;
   /* Fault injection: a spec (grammar above); NULL or "": none. */
   const char *faults;
   /* Where the collective sequence number lies in a tag, for the fault
@@ -234,6 +238,9 @@ typedef struct prov_multi_stats {
 int prov_multi_stats(prov_t *p, prov_multi_stats_t *out);
 /* Which child carries traffic with peer (0 or 1), or -1 (bad peer or p). */
 int prov_multi_route(prov_t *p, int peer);
+/* Child `which` (0 or 1) of a prov_multi, for its own stats; NULL when p is
+ * not a prov_multi or the child was not opened. */
+prov_t *prov_multi_child(prov_t *p, int which);
 
 /* prov_ofi's large-message (rendezvous) paths, for logs and tests: bytes
  * this endpoint received by CMA, by copying out of a peer's mapped
@@ -255,11 +262,16 @@ typedef struct prov_ofi_rndv_stats {
 } prov_ofi_rndv_stats_t;
 int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out);
 
-/* prov_sock's flow control, for logs and tests: times a connection stopped
- * being read because its unexpected messages held SOCK_UNEXP_MAX. Returns
- * 0, or -EINVAL when p is not a prov_sock. */
+/* prov_sock, for logs and tests: times a connection stopped being read
+ * because its unexpected messages held SOCK_UNEXP_MAX; connections up whose
+ * two ends are on one host, and those of them given the configured send
+ * buffer; the largest SO_SNDBUF the kernel reports for a connection up,
+ * read at the call. Returns 0, or -EINVAL when p is not a prov_sock. */
 typedef struct prov_sock_stats {
   uint64_t pauses;
+  uint32_t host_conns;
+  uint32_t sndbuf_set;
+  int sndbuf_max;
 } prov_sock_stats_t;
 int prov_sock_stats(prov_t *p, prov_sock_stats_t *out);
 

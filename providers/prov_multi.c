@@ -240,7 +240,8 @@ static int multi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size
                         .nranks = lsize,
                         .job_id = cfg->job_id,
                         .shm_bounce = cfg->shm_bounce,
-                        .iface = cfg->iface};
+                        .iface = cfg->iface,
+                        .sock_sndbuf = cfg->sock_sndbuf};
 
     rc = prov_open(&c0, &m->child[0].p, cerr, sizeof(cerr));
     if (rc) {
@@ -256,7 +257,8 @@ static int multi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size
                         .nranks = m->nranks,
                         .job_id = cfg->job_id,
                         .shm_bounce = cfg->shm_bounce,
-                        .iface = cfg->iface};
+                        .iface = cfg->iface,
+                        .sock_sndbuf = cfg->sock_sndbuf};
 
     rc = prov_open(&c1, &m->child[1].p, cerr, sizeof(cerr));
     if (rc) {
@@ -549,6 +551,12 @@ int prov_multi_route(prov_t *p, int peer) {
   if (peer < 0 || peer >= m->nranks)
     return -1;
   return m->via[peer];
+}
+
+prov_t *prov_multi_child(prov_t *p, int which) {
+  if (!p || p->ops != &prov_multi_ops || which < 0 || which > 1)
+    return NULL;
+  return to_multi(p)->child[which].p;
 }
 
 const prov_ops_t prov_multi_ops = {

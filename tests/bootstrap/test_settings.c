@@ -18,6 +18,7 @@ static const char *const all_vars[] = {
     "CHORUS_JOB_TOKEN",
     "CHORUS_CONNECT_TIMEOUT",
     "CHORUS_CHUNK_BYTES",
+    "CHORUS_SOCK_SNDBUF",
     "CHORUS_MAX_POSTED",
     "CHORUS_SPIN_US",
     "CHORUS_LOG",
@@ -63,6 +64,7 @@ Test(settings, defaults) {
   cr_assert_str_eq(s.job_token, "");
   cr_assert_float_eq(s.connect_timeout_s, 60.0, 1e-9);
   cr_assert_eq(s.chunk_bytes, 256u << 10);
+  cr_assert_eq(s.sock_sndbuf, 256u << 10);
   cr_assert_eq(s.max_posted, 256);
   cr_assert_eq(s.spin_us, 50);
   cr_assert_eq(s.log_level, 1);
@@ -80,6 +82,7 @@ Test(settings, values) {
   setenv("CHORUS_JOB_TOKEN", "s3cret", 1);
   setenv("CHORUS_CONNECT_TIMEOUT", "2.5", 1);
   setenv("CHORUS_CHUNK_BYTES", "512K", 1);
+  setenv("CHORUS_SOCK_SNDBUF", "0", 1);
   setenv("CHORUS_MAX_POSTED", "32", 1);
   setenv("CHORUS_SPIN_US", "0", 1);
   setenv("CHORUS_LOG", "debug", 1);
@@ -92,6 +95,7 @@ Test(settings, values) {
   cr_assert_str_eq(s.job_token, "s3cret");
   cr_assert_float_eq(s.connect_timeout_s, 2.5, 1e-9);
   cr_assert_eq(s.chunk_bytes, 512u << 10);
+  cr_assert_eq(s.sock_sndbuf, 0);
   cr_assert_eq(s.max_posted, 32);
   cr_assert_eq(s.spin_us, 0);
   cr_assert_eq(s.log_level, 3);

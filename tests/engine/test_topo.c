@@ -486,6 +486,52 @@ Test(topo, chunk_defaults_by_transport) {
   cr_assert_eq(r.failed, 0, "shm, three ranks on one core, chunk set");
 }
 
+/* Where ranks share a host, sock's connections between them take
+ * CHORUS_SOCK_SNDBUF (256K by default; the kernel doubles it), whether sock
+ * carries everything or only what crosses emulated hosts (CHORUS_TOPO: the
+ * "hosts" are this machine, so every connection is inside it); 0 leaves
+ * the kernel's autotuning. arg: whether the connections must have it. */
+static int sndbuf_rank(int rank, int size, const char *addr, void *arg) {
+  bool want = arg != NULL;
+  chorus_comm_t *c;
+  prov_sock_stats_t st;
+  prov_t *sock;
+  int bad;
+
+  if (chorus_comm_init(&c, rank, size, addr)) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
+    return 1;
+  }
+  bad = allreduce_case(c, rank, size, 1 << 20, CHORUS_FLOAT32, CHORUS_SUM, 0);
+  sock = prov_multi_child(c->prov, 1) ? prov_multi_child(c->prov, 1) : c->prov;
+  if (prov_sock_stats(sock, &st)) {
+    fprintf(stderr, "rank %d: %s carries nothing over sock\n", rank, chorus_comm_provider(c));
+    bad = 1;
+  } else if (st.host_conns < 1 || st.sndbuf_set != (want ? st.host_conns : 0) ||
+             st.sndbuf_max <= 0 || (want && st.sndbuf_max > 2 * 256 * 1024)) {
+    fprintf(stderr,
+            "rank %d over %s: %u connections inside the host, %u given the send buffer (want "
+            "%s), largest %d bytes\n",
+            rank, chorus_comm_provider(c), st.host_conns, st.sndbuf_set, want ? "all" : "none",
+            st.sndbuf_max);
+    bad = 1;
+  }
+  bad |= chorus_comm_destroy(c) != CHORUS_SUCCESS;
+  return bad;
+}
+
+Test(topo, sock_inside_a_host_takes_a_small_send_buffer) {
+  const char *sock[] = {"CHORUS_PROVIDER=sock", NULL};
+  const char *sock_off[] = {"CHORUS_PROVIDER=sock", "CHORUS_SOCK_SNDBUF=0", NULL};
+  const char *hosts[] = {"CHORUS_TOPO=hosts=2x2", NULL};
+  mp_result_t r = mp_run(2, sndbuf_rank, "on", 120, sock);
+  cr_assert_eq(r.failed, 0, "sock");
+  r = mp_run(2, sndbuf_rank, NULL, 120, sock_off);
+  cr_assert_eq(r.failed, 0, "sock, CHORUS_SOCK_SNDBUF=0");
+  r = mp_run(4, sndbuf_rank, "on", 120, hosts);
+  cr_assert_eq(r.failed, 0, "shm+sock between two emulated hosts of two ranks");
+}
+
 static int bad_topo_rank(int rank, int size, const char *addr, void *arg) {
   chorus_comm_t *c = NULL;
   /* every rank its own view: rank 0 two hosts, rank 1 one */

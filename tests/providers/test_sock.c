@@ -989,3 +989,40 @@ Test(sock, back_to_back_rendezvous_from_another_process) {
   cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: status %#x", st);
   close(sock);
 }
+
+/* ---- 12. a connection inside the host takes the configured send buffer ---- */
+
+/* Both ends of a loopback connection are on this host: each end's send
+ * buffer is the one configured (the kernel doubles what is asked, after
+ * capping it at net.core.wmem_max) and stays so through 8 MiB each way,
+ * where the kernel's autotuning would grow it; 0 leaves it to the kernel.
+ * Either way each end counts its one connection as inside the host. */
+static void sndbuf_case(size_t want) {
+  prov_config_t cfg = {.name = "sock", .sock_sndbuf = want};
+  char err[256] = "";
+  prov_sock_stats_t st;
+  int rc = pt_open_job_cfg(&cfg, NULL, 2, eps, err, sizeof(err));
+
+  cr_assert_eq(rc, 0, "open sock: %d %s", rc, err);
+  exchange(0, 1, 0x51, 8 * MIB);
+  exchange(1, 0, 0x52, 8 * MIB);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(prov_sock_stats(eps[i], &st), 0);
+    cr_log_info("sock_sndbuf %zu: rank %d's send buffer is %d bytes", want, i, st.sndbuf_max);
+    cr_assert_eq(st.host_conns, 1, "rank %d: %u connections inside the host, want 1", i,
+                 st.host_conns);
+    cr_assert_eq(st.sndbuf_set, want ? 1u : 0u, "sock_sndbuf %zu: rank %d set %u", want, i,
+                 st.sndbuf_set);
+    cr_assert_gt(st.sndbuf_max, 0, "rank %d: no connection up", i);
+    if (want)
+      cr_assert_leq(st.sndbuf_max, (int)(2 * want), "sock_sndbuf %zu: rank %d's is %d", want, i,
+                    st.sndbuf_max);
+  }
+  pt_close_job(eps, 2);
+}
+
+Test(sock, connections_inside_the_host_take_the_configured_send_buffer) {
+  sndbuf_case(64 * KIB);
+  sndbuf_case(256 * KIB);
+  sndbuf_case(0);
+}
