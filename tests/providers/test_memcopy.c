@@ -64,3 +64,37 @@ Test(memcopy, streamed_large_blocks) {
   free(src);
   free(dst);
 }
+
+/* Destination and source at the same offset within a line take glibc's copy
+ * in blocks of MEMCOPY_BLOCK: sizes at and around one and several blocks,
+ * at several such offsets; every byte checked, and the guard bytes. */
+Test(memcopy, blocks_at_the_same_offset) {
+  const size_t big = 3 * MEMCOPY_BLOCK + 4096;
+  unsigned char *src = malloc(big + 128), *dst = malloc(big + 256);
+  static const size_t sizes[] = {MEMCOPY_BLOCK - 1, MEMCOPY_BLOCK,
+                                 MEMCOPY_BLOCK + 1, 2 * MEMCOPY_BLOCK - 64,
+                                 2 * MEMCOPY_BLOCK, 3 * MEMCOPY_BLOCK + 4095};
+  static const size_t offs[] = {0, 1, 16, 63};
+
+  cr_assert(src && dst);
+  cr_assert_lt(3 * MEMCOPY_BLOCK + 4095, MEMCOPY_STREAM, "these sizes must stay below the stream");
+  for (size_t i = 0; i < big + 128; i++)
+    src[i] = (unsigned char)(i * 131 + (i >> 12));
+  /* malloc's blocks may start at any offset within a line: align both */
+  unsigned char *s0 = src + ((64 - ((uintptr_t)src & 63)) & 63);
+  unsigned char *d0 = dst + ((64 - ((uintptr_t)dst & 63)) & 63);
+  for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++)
+    for (size_t o = 0; o < sizeof(offs) / sizeof(offs[0]); o++) {
+      size_t n = sizes[k], off = offs[o];
+
+      memset(dst, 0xa5, big + 256);
+      memcopy(d0 + 64 + off, s0 + off, n);
+      for (unsigned char *p = dst; p < d0 + 64 + off; p++)
+        cr_assert_eq(*p, 0xa5, "n %zu: byte %td before the copy touched", n, p - dst);
+      cr_assert_eq(memcmp(d0 + 64 + off, s0 + off, n), 0, "n %zu, offset %zu: data", n, off);
+      for (unsigned char *p = d0 + 64 + off + n; p < dst + big + 256; p++)
+        cr_assert_eq(*p, 0xa5, "n %zu: byte %td after the copy touched", n, p - dst);
+    }
+  free(src);
+  free(dst);
+}
