@@ -22,11 +22,11 @@
  * 1 MiB block is such a copy, `perf` put 22% of the time in that copy
  * against 12% for Open MPI's, which copies in blocks of 128 KiB too (opal's
  * datatype engine); blocks of 64 KiB to 512 KiB all took 2-5 us off each
- * call (ab.c: float32 and int32 calls, one way each, alternating in blocks
- * of 50 in one process, 6 launches: 80.0-93.7 against 78.3-90.4 us). Where
+ * call (a scratch program alternating calls copied each way in blocks of
+ * 50 in one process, 6 launches: 80.0-93.7 against 78.3-90.4 us). Where
  * glibc uses `rep movsb` anyway (Intel, blocks below the L2) the blocks
- * cost one call every 128 KiB. The pieces cost
- * there: on the machine of 2026-12-01 (an EPYC with AVX-512, glibc's
+ * cost one call every 128 KiB. The 2 KiB pieces would cost there (same
+ * offset): on the machine of 2026-12-01 (an EPYC with AVX-512, glibc's
  * avx512 erms copy), 256 KiB between page-aligned buffers took 15.5 us in
  * pieces against 10.5 (4.7 against 2.4 with both in cache; and 15-16
  * against 11-12 at other offsets too, where that CPU shows no slow case),
