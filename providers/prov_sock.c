@@ -62,8 +62,8 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
-#include <limits.h>
 #include <ifaddrs.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <net/if.h>
 #include <netinet/in.h>
