@@ -259,6 +259,10 @@ typedef struct prov_ofi_rndv_stats {
   /* sends held back (-EAGAIN) because the peer had not yet taken the
    * window's worth of our earlier messages (prov_ofi.c, "the window") */
   uint64_t window_waits;
+  /* times a sender read the peer's count of our messages it took (its
+   * doorbell page's taken[]): only when the count it read last leaves the
+   * window no room */
+  uint64_t window_looks;
 } prov_ofi_rndv_stats_t;
 int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out);
 

@@ -896,6 +896,67 @@ Test(ofi_shm, fan_in_stops_at_the_window) {
  * (-ENOBUFS); a point-to-point send is held back (-EAGAIN) past half; a
  * collective's send still goes after both. Rank 0 takes nothing until the
  * end. 2 ranks: a window of 48. */
+/* The doorbell page: bounce_done[] and taken[] (written on every bounced
+ * message and every receive) each begin a cache line of their own, off the
+ * header's line, whose `sleeping` peers read after every post; every array
+ * fits in what the page needs. */
+Test(ofi_shm, doorbell_arrays_on_lines_of_their_own) {
+  static const int ns[] = {1, 2, 3, 8, 15, 16, 17, 63, 64, 65, 1000, 4096};
+
+  for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
+    const size_t n = (size_t)ns[k], words = (n + 63) / 64;
+    size_t off[3];
+    size_t need = prov_ofi_test_db_layout(ns[k], off);
+
+    cr_assert_eq(off[0] % 64, 0, "%zu ranks: bounce_done[] at %zu", n, off[0]);
+    cr_assert_eq(off[1] % 64, 0, "%zu ranks: taken[] at %zu", n, off[1]);
+    cr_assert_geq(off[0], 64, "%zu ranks: bounce_done[] on the header's line", n);
+    cr_assert_geq(off[0], 16 + words * 8, "%zu ranks: bounce_done[] over want[]", n);
+    cr_assert_geq(off[1], off[0] + n * 4, "%zu ranks: taken[] over bounce_done[]", n);
+    cr_assert_geq(off[2], off[1] + n * 4, "%zu ranks: taken_want[] over taken[]", n);
+    cr_assert_eq(off[2] % 8, 0, "%zu ranks: taken_want[] at %zu", n, off[2]);
+    cr_assert_geq(need, off[2] + words * 8, "%zu ranks: the page needs %zu", n, need);
+  }
+}
+
+/* A sender reads the peer's count of the messages it took only when the
+ * count it read last leaves no room: 1000 messages, each taken before the
+ * next is sent, look at it once a window's worth, not once a message (that
+ * took the count's cache line from the receiver on every send). */
+Test(ofi_shm, the_window_is_looked_at_once_a_window) {
+  enum { N = 1000 };
+  static pt_op_t s[N], r[N];
+  static uint64_t out[N], in[N];
+  prov_ofi_rndv_stats_t st;
+  prov_t *ep[2];
+  char err[256] = "";
+
+  cr_assert_eq(pt_open_job("shm", NULL, 2, ep, err, sizeof(err)), 0, "open: %s", err);
+  for (int i = 0; i < N; i++) {
+    pt_op_t *two[2] = {&r[i], &s[i]};
+
+    pt_op_init(&s[i]);
+    pt_op_init(&r[i]);
+    out[i] = 0x7a6bull << 32 | (uint64_t)i;
+    s[i].buf = &out[i];
+    r[i].buf = &in[i];
+    cr_assert_eq(pt_recv(ep, 2, ep[0], 1, &r[i], sizeof(in[i]), 0x100u + (unsigned)i, 20000), 0);
+    cr_assert_eq(pt_send(ep, 2, ep[1], 0, &s[i], sizeof(out[i]), 0x100u + (unsigned)i, 20000), 0,
+                 "send %d: %s", i, ep[1]->last_error);
+    cr_assert(pt_drive(ep, 2, two, 2, 20000), "message %d never went through", i);
+    cr_assert_eq(r[i].status, 0, "message %d: %d", i, r[i].status);
+    cr_assert_eq(in[i], out[i], "message %d: %#llx", i, (unsigned long long)in[i]);
+  }
+  cr_assert_eq(prov_ofi_rndv_stats(ep[1], &st), 0);
+  cr_log_info("shm window: %llu looks at the peer's count in %d messages",
+              (unsigned long long)st.window_looks, N);
+  cr_assert_gt(st.window_looks, 0, "the window was never looked at");
+  cr_assert_leq(st.window_looks, N / 8, "%llu looks in %d messages",
+                (unsigned long long)st.window_looks, N);
+  cr_assert_eq(st.window_waits, 0);
+  pt_close_job(ep, 2);
+}
+
 Test(ofi_shm, window_shares) {
   enum { N = 64 };
   static pt_op_t s[N], r[N];
