@@ -26,6 +26,11 @@
  * pid cannot have been reused yet: the rank is reaped only afterwards, see
  * reap_ranks()). When a rank fails, the others get SIGTERM, then SIGKILL after
  * the grace period.
+ *
+ * Once a rank is reaped, the shared-memory regions it left in /dev/shm are
+ * removed (remove_rank_regions): a rank killed after every peer had gone
+ * (frozen, then killed) has nobody left to do it, and each holds 16 MiB of
+ * memory until the machine restarts.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -46,6 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
@@ -104,7 +110,9 @@ static const char usage_text[] =
     "  then sends SIGTERM to those still running and SIGKILL after the grace period.\n"
     "  Each rank runs in a process group of its own and signals go to the whole\n"
     "  group; when a rank exits, what remains of its group is killed. On Linux a\n"
-    "  rank is also killed if the launcher dies.\n"
+    "  rank is also killed if the launcher dies. Shared-memory regions a rank\n"
+    "  leaves in /dev/shm (chorus-PID-*: a rank killed after its peers had gone)\n"
+    "  are removed once it has exited, with a line that says so.\n"
     "  SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to the launcher are forwarded to the\n"
     "  ranks, which then get the grace period to exit before SIGKILL; a second one\n"
     "  kills them at once. SIGUSR1 and SIGUSR2 are forwarded and nothing else.\n"
@@ -703,6 +711,33 @@ static void rank_exited(job_t *job, int i, int status) {
 }
 
 /*
+ * Removes what the rank with this pid left in /dev/shm: the regions the
+ * library's shm transport names "chorus-PID-RANK-NONCE" (prov_ofi.c). Once
+ * the rank is reaped nothing else can own the name: a later process with the
+ * same pid makes a new nonce, and peers that still map a region keep it.
+ * Only regions of the rank's own pid: one a rank's child process made (a
+ * wrapper that forks the program) is not found.
+ */
+static void remove_rank_regions(pid_t pid) {
+  char prefix[32];
+  int plen = snprintf(prefix, sizeof(prefix), "chorus-%d-", (int)pid);
+  DIR *d = opendir("/dev/shm");
+  struct dirent *e;
+
+  if (!d)
+    return;
+  while ((e = readdir(d))) {
+    char path[300];
+    if (strncmp(e->d_name, prefix, (size_t)plen) != 0)
+      continue;
+    snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+    if (unlink(path) == 0)
+      say("removed /dev/shm/%s, left by the rank with pid %d", e->d_name, (int)pid);
+  }
+  closedir(d);
+}
+
+/*
  * Reap every rank that exited. WNOWAIT first leaves it a zombie, which keeps
  * its pid (= its process group id) from being reused while the rest of its
  * group is killed; then the rank's pipes are drained, so that its last words
@@ -729,8 +764,10 @@ static void reap_ranks(job_t *job) {
     int status;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    if (i >= 0)
+    if (i >= 0) {
+      remove_rank_regions(pid);
       rank_exited(job, i, status);
+    }
   }
 }
 

@@ -388,6 +388,57 @@ Test(chorus_run, rank_killed_by_signal) {
   proc_free(&p);
 }
 
+/* What a rank leaves in /dev/shm under its pid (the shm transport's region,
+ * "chorus-PID-RANK-NONCE") goes once the rank is reaped: rank 1 is killed
+ * with two such files, rank 0 exits 0 with one; a file of another pid (rank
+ * 2's child, a wrapper's program) stays. */
+Test(chorus_run, regions_of_exited_ranks_are_removed) {
+  char dir[] = "/tmp/chorus-run-test-XXXXXX";
+  cr_assert(mkdtemp(dir));
+  char script[768];
+  snprintf(script, sizeof(script),
+           "echo $$ > %s/pid.$RANK; "
+           "if [ $RANK = 2 ]; then sh -c 'touch /dev/shm/chorus-$$-2-00000000000000c3; "
+           "echo $$ > %s/child' ; sleep 1; exit 0; fi; "
+           "touch /dev/shm/chorus-$$-$RANK-00000000000000a1; "
+           "if [ $RANK = 1 ]; then touch /dev/shm/chorus-$$-$RANK-00000000000000b2; "
+           "sleep 0.5; kill -9 $$; fi; exit 0",
+           dir, dir);
+  proc_t p;
+  RUN(&p, "-n", "3", "--linger", "5", "--", "/bin/sh", "-c", script);
+  cr_assert_eq(exit_code(&p), 128 + SIGKILL, "status %#x, stderr: %s", p.status, p.out[1].data);
+  int pid[4] = {0};
+  for (int r = 0; r < 4; r++) {
+    char path[128];
+    if (r < 3)
+      snprintf(path, sizeof(path), "%s/pid.%d", dir, r);
+    else
+      snprintf(path, sizeof(path), "%s/child", dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s missing", path);
+    cr_assert(fscanf(f, "%d", &pid[r]) == 1);
+    fclose(f);
+    unlink(path);
+  }
+  rmdir(dir);
+  char path[128];
+  snprintf(path, sizeof(path), "/dev/shm/chorus-%d-0-00000000000000a1", pid[0]);
+  cr_assert_neq(access(path, F_OK), 0, "%s left behind by rank 0", path);
+  snprintf(path, sizeof(path), "/dev/shm/chorus-%d-1-00000000000000a1", pid[1]);
+  cr_assert_neq(access(path, F_OK), 0, "%s left behind by killed rank 1", path);
+  snprintf(path, sizeof(path), "/dev/shm/chorus-%d-1-00000000000000b2", pid[1]);
+  cr_assert_neq(access(path, F_OK), 0, "%s left behind by killed rank 1", path);
+  snprintf(path, sizeof(path),
+           "removed /dev/shm/chorus-%d-1-00000000000000b2, left by the rank "
+           "with pid %d\n",
+           pid[1], pid[1]);
+  cr_assert(strstr(p.out[1].data, path), "no line for it: %s", p.out[1].data);
+  snprintf(path, sizeof(path), "/dev/shm/chorus-%d-2-00000000000000c3", pid[3]);
+  cr_assert_eq(access(path, F_OK), 0, "%s (not a rank's pid) was removed", path);
+  unlink(path);
+  proc_free(&p);
+}
+
 Test(chorus_run, exit_status) {
   proc_t p;
   RUN(&p, "-n", "3", "--", "/bin/sh", "-c", "exit 0");
