@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -145,9 +146,10 @@ int mp_count_fds(void) {
   return n > 0 ? n - 1 : n; /* the directory stream's own fd */
 }
 
-/* Files named after a rank's pid, made since the ranks started (pids wrap:
- * an older file is another, earlier process's, left by a crash). */
-int mp_count_dev_shm_of(const mp_result_t *r, int n) {
+/* Files named after a rank's pid (ranks [from, to)), made since the ranks
+ * started (pids wrap: an older file is another, earlier process's, left by
+ * a crash): reported and counted, or removed and counted. */
+static int dev_shm_walk(const mp_result_t *r, int from, int to, bool remove) {
   const int *pids = r->pids;
   DIR *d = opendir("/dev/shm");
   struct dirent *e;
@@ -167,14 +169,27 @@ int mp_count_dev_shm_of(const mp_result_t *r, int n) {
     snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
     if (stat(path, &st) || (long)st.st_ctime < r->started - 1)
       continue;
-    for (int i = 0; i < n; i++)
-      if (pids[i] == pid) {
+    for (int i = from; i < to; i++) {
+      if (pids[i] != pid)
+        continue;
+      if (remove) {
+        found += unlink(path) == 0;
+      } else {
         fprintf(stderr, "mp: /dev/shm/%s left behind by rank %d (pid %d)\n", e->d_name, i, pid);
         found++;
       }
+    }
   }
   closedir(d);
   return found;
+}
+
+int mp_count_dev_shm_of(const mp_result_t *r, int n) {
+  return dev_shm_walk(r, 0, n, false);
+}
+
+int mp_remove_dev_shm_of_rank(const mp_result_t *r, int rank) {
+  return dev_shm_walk(r, rank, rank + 1, true);
 }
 
 char mp_proc_state(pid_t pid) {

@@ -32,6 +32,10 @@ long mp_rss_kib(void);
 /* Entries in /dev/shm left by the given processes: libfabric's shm provider
  * names its regions "<pid>:<n>:<n>", Chorus "chorus-<pid>-...". */
 int mp_count_dev_shm_of(const mp_result_t *r, int n);
+/* Removes what mp_count_dev_shm_of would count for that one rank (what a
+ * launcher does for a rank that died after its peers had gone: nobody was
+ * left to do it); returns how many files it removed. */
+int mp_remove_dev_shm_of_rank(const mp_result_t *r, int rank);
 /* The state letter of process pid in /proc/<pid>/stat ('R', 'S', 'Z'...),
  * 0 when it can not be read (no such process). */
 char mp_proc_state(pid_t pid);
