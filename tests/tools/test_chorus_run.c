@@ -337,6 +337,21 @@ static int pid_gone(pid_t pid) {
   return !st || st == 'Z'; /* gone, or a zombie waiting for init */
 }
 
+/* The pid a script wrote to DIR/NAME (the file is removed), 0 if none. */
+static int take_pid_file(const char *dir, const char *name) {
+  char path[128];
+  int pid = 0;
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return 0;
+  if (fscanf(f, "%d", &pid) != 1)
+    pid = 0;
+  fclose(f);
+  unlink(path);
+  return pid;
+}
+
 /* Rank 2 fails; the others sleep 60 s in a child process of their shell. The
  * job must end at once, name rank 2, and leave no sleeper behind. */
 Test(chorus_run, failing_rank_stops_the_others) {
@@ -360,14 +375,10 @@ Test(chorus_run, failing_rank_stops_the_others) {
   for (int r = 0; r < 4; r++) {
     if (r == 2)
       continue;
-    char path[128];
-    snprintf(path, sizeof(path), "%s/pid.%d", dir, r);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "rank %d never started its sleeper", r);
-    int pid = 0;
-    cr_assert(fscanf(f, "%d", &pid) == 1);
-    fclose(f);
-    unlink(path);
+    char name[32];
+    snprintf(name, sizeof(name), "pid.%d", r);
+    int pid = take_pid_file(dir, name);
+    cr_assert(pid > 0, "rank %d never started its sleeper", r);
     int gone = 0;
     for (int k = 0; k < 40 && !(gone = pid_gone(pid)); k++)
       usleep(50000);
@@ -407,20 +418,11 @@ Test(chorus_run, regions_of_exited_ranks_are_removed) {
   proc_t p;
   RUN(&p, "-n", "3", "--linger", "5", "--", "/bin/sh", "-c", script);
   cr_assert_eq(exit_code(&p), 128 + SIGKILL, "status %#x, stderr: %s", p.status, p.out[1].data);
-  int pid[4] = {0};
-  for (int r = 0; r < 4; r++) {
-    char path[128];
-    if (r < 3)
-      snprintf(path, sizeof(path), "%s/pid.%d", dir, r);
-    else
-      snprintf(path, sizeof(path), "%s/child", dir);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "%s missing", path);
-    cr_assert(fscanf(f, "%d", &pid[r]) == 1);
-    fclose(f);
-    unlink(path);
-  }
+  int pid[4] = {take_pid_file(dir, "pid.0"), take_pid_file(dir, "pid.1"),
+                take_pid_file(dir, "pid.2"), take_pid_file(dir, "child")};
   rmdir(dir);
+  for (int r = 0; r < 4; r++)
+    cr_assert(pid[r] > 0, "%s of the script missing", r < 3 ? "a rank's pid" : "the child's pid");
   char path[128];
   snprintf(path, sizeof(path), "/dev/shm/chorus-%d-0-00000000000000a1", pid[0]);
   cr_assert_neq(access(path, F_OK), 0, "%s left behind by rank 0", path);
