@@ -1045,7 +1045,10 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
   if (o->wait == OFI_WAIT_DOORBELL && o->info->addr_format == FI_ADDR_STR) {
     /* shm names its region after its address, by default the pid: a
      * process killed before it could unlink it leaves the name taken for
-     * the next process that gets the pid (EBUSY). Ours are unique. */
+     * the next process that gets the pid (EBUSY). Ours are unique. ofi_reap
+     * removes a dead peer's by the whole name it published; chorus-run
+     * (remove_rank_regions) and the tests (mp_count_dev_shm_of) find a
+     * rank's by the "chorus-PID-" prefix: change them with it. */
     struct timespec ts;
     char name[96];
     clock_gettime(CLOCK_MONOTONIC, &ts);
