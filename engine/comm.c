@@ -453,6 +453,7 @@ static size_t progress_once(chorus_comm_t *c, bool transport) {
 static void comm_go_home(chorus_comm_t *c) {
   cpu_set_t old, one;
   int from = sched_getcpu();
+  atomic_fetch_add_explicit(&c->home_looks, 1, memory_order_relaxed);
   if (from == c->home_cpu || sched_getaffinity(0, sizeof(old), &old) != 0 ||
       !CPU_ISSET(c->home_cpu, &old) || CPU_COUNT(&old) < 2)
     return;
@@ -466,6 +467,18 @@ static void comm_go_home(chorus_comm_t *c) {
   atomic_fetch_add_explicit(&c->home_moves, 1, memory_order_relaxed);
   eng_log(ENG_DEBUG, c->rank, "progress", "on CPU %d, not its own: moved to CPU %d", from,
           c->home_cpu);
+}
+
+/* A waiting driver's look at its CPU (comm_go_home), at most every
+ * COMM_HOME_EVERY_NS: with prog_lock, polling, and without it, while the
+ * progress thread holds the lock (under load that can be the whole spin:
+ * the caller then slept where it was). Drivers of one communicator may race
+ * on home_after; a second look is harmless. */
+static void comm_home_due(chorus_comm_t *c, uint64_t now) {
+  if (c->home_cpu < 0 || now < atomic_load_explicit(&c->home_after, memory_order_relaxed))
+    return;
+  atomic_store_explicit(&c->home_after, now + COMM_HOME_EVERY_NS, memory_order_relaxed);
+  comm_go_home(c);
 }
 
 bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns, uint64_t now) {
@@ -516,10 +529,7 @@ static bool comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
           uint64_t now = fsm_now_ns();
           if (idle_clock_over(&idle, now, idle_ns))
             break;
-          if (c->home_cpu >= 0 && now >= c->home_after) {
-            c->home_after = now + COMM_HOME_EVERY_NS;
-            comm_go_home(c);
-          }
+          comm_home_due(c, now);
           if (comm_yield_due(c, now - idle.first, now)) {
             sched_yield();
             comm_yielded(c, now, fsm_now_ns());
@@ -553,8 +563,10 @@ static bool comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
     if (max_rounds)
       return false;
     if ((++spins & 63) == 0) {
-      if (idle_clock_over(&idle, fsm_now_ns(), idle_ns))
+      uint64_t now = fsm_now_ns();
+      if (idle_clock_over(&idle, now, idle_ns))
         return false;
+      comm_home_due(c, now);
       sched_yield();
     }
   }

@@ -163,7 +163,8 @@ struct chorus_comm {
   uint64_t yield_after_ns;      /* a driver idle this long starts yielding (COMM_YIELD_AFTER_NS) */
   uint64_t yield_crowded_until; /* till then (fsm_now_ns) a driver yields at once */
   int home_cpu;                 /* this rank's own CPU (COMM_HOME_EVERY_NS), -1 for none */
-  uint64_t home_after;          /* no move to home_cpu before then (fsm_now_ns) */
+  _Atomic uint64_t home_after;  /* no look at the CPU before then (fsm_now_ns; comm_home_due) */
+  _Atomic uint64_t home_looks;  /* looks at the CPU a caller runs on (tests) */
   _Atomic uint64_t home_moves;  /* moves made (tests) */
   size_t chunk_bytes;           /* pipeline chunk of this communicator's plans (coll.c) */
   size_t bcast_chunk_bytes;     /* that of broadcasts (coll.c) */
@@ -281,9 +282,10 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
 #define COMM_YIELD_CROWDED_NS (10 * 1000 * 1000)
 /* Own cores (CHORUS_SPREAD_CORES). When a host's ranks fit its cores, local
  * rank i's own CPU is the i-th of its affinity mask at creation; the thread
- * that creates the communicator, and a driver that waits (idle rounds), move
- * back to it when they find themselves elsewhere, the driver at most every
- * COMM_HOME_EVERY_NS (comm.c: comm_go_home). Left to itself the kernel put
+ * that creates the communicator, and a driver that waits (idle rounds, or
+ * spinning while the progress thread holds prog_lock), move back to it when
+ * they find themselves elsewhere, the driver at most every
+ * COMM_HOME_EVERY_NS (comm.c: comm_go_home, comm_home_due). Left to itself the kernel put
  * both ranks of a 2-rank job on one core of two while they connected (perf
  * sched: 200 ms on CPU 0, switching to each other ~4400 times a second,
  * CPU 1 idle) and at times kept them there into the first calls, each wait
