@@ -263,6 +263,9 @@ typedef struct prov_ofi_rndv_stats {
    * doorbell page's taken[]): only when the count it read last leaves the
    * window no room */
   uint64_t window_looks;
+  /* rings we sent a sender held back by its window, when we took one of its
+   * messages: only a sender that sleeps asks for them (arm()) */
+  uint64_t window_rings;
 } prov_ofi_rndv_stats_t;
 int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out);
 

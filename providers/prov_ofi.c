@@ -41,9 +41,9 @@
  *   - a post that got -FI_EAGAIN (peer queue full, first contact) waits for
  *     the peer to progress: the sender sets its bit in the peer's want[]
  *     and rings it; the peer's next progress() rings every sender in want[];
- *   - a send held back by the window (below) sets the sender's bit in the
- *     peer's taken_want[]; the peer rings it when it next takes a message
- *     from it.
+ *   - a sender held back by the window (below) that goes to sleep sets its
+ *     bit in the peer's taken_want[] (arm()); the peer rings it when it
+ *     next takes a message from it.
  *  If a peer's page can not be mapped, that peer is rung unconditionally.
  *
  *  Some turns of shm's progress leave no trace we could ring on:
@@ -223,6 +223,8 @@ struct ofi_db_peer {
   size_t page_len;
   bool sar;            /* no CMA to this peer: large messages go by segments */
   uint32_t taken_seen; /* its taken[] entry for us, as we last read it (the window) */
+  uint32_t held_limit; /* the window a send held back needs, 0: none since arm() looked */
+  bool held;           /* in ofi_ep.held[] */
   struct sockaddr_un sa;
   socklen_t salen;
 };
@@ -309,6 +311,8 @@ struct ofi_ep {
   /* The window (doorbell endpoints, see "window" below). */
   uint32_t window; /* messages to one peer it has not yet taken; 0: no window */
   uint32_t *sent;  /* nranks: messages posted to each peer */
+  int *held;       /* nranks: peers a send was held back from (ofi_held_open) */
+  uint32_t nheld;
 
   /* Our address as given to peers: header, libfabric name, doorbell. */
   unsigned char addr[sizeof(uint32_t) * 2 + OFI_FABNAME_MAX + 40 + OFI_DB_NAME_MAX];
@@ -1185,7 +1189,8 @@ static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens
   if (o->wait == OFI_WAIT_DOORBELL) {
     o->db_peers = calloc((size_t)n, sizeof(*o->db_peers));
     o->sent = calloc((size_t)n, sizeof(*o->sent));
-    if (!o->db_peers || !o->sent) {
+    o->held = calloc((size_t)n, sizeof(*o->held));
+    if (!o->db_peers || !o->sent || !o->held) {
       rc = -ENOMEM;
       goto out_free_peers;
     }
@@ -1228,6 +1233,8 @@ out_free_peers:
   o->db_peers = NULL;
   free(o->sent);
   o->sent = NULL;
+  free(o->held);
+  o->held = NULL;
   free(o->peers);
   o->peers = NULL;
   return rc;
@@ -1765,10 +1772,15 @@ static void ofi_release(prov_t *p, prov_op_t *op) {
  * count only grows: an old one errs towards a closed window). The windows of
  * all senders fill what our receives and sends (with their ack receives,
  * max_posted each) leave of the queue: 96 of the 224 entries we use (384
- * of 896 with shm's default size). A sender whose window is closed sets
- * its bit in the peer's taken_want[] and looks again (each side fences
- * between its store and its load, as for sleeping), and the peer rings it
- * when it next takes one of its messages.
+ * of 896 with shm's default size). A send the window holds back is posted
+ * again at the sender's next progress. A sender about to sleep with such a
+ * send sets its bit in the peer's taken_want[] and looks again (arm(),
+ * ofi_held_open; each side fences between its store and its load, as for
+ * sleeping), and the peer rings it when it next takes one of its messages.
+ * Setting the bit at every refusal instead made a sender that polls, such
+ * as a broadcast root running ahead, cost its receiver a ring (a sendto())
+ * per message taken: 2-rank 16 B broadcast, reduce and gather over shm took
+ * 3.2-3.8 us a call, 1.4 since.
  */
 
 /* Whether one more message may go to peer. A point-to-point send
@@ -1803,13 +1815,47 @@ static bool ofi_window_open(struct ofi_ep *o, int peer, unsigned flags) {
     return true;
   if (flags & PROV_OP_SPARE) /* refused, not retried: nothing to wait for */
     return false;
-  atomic_fetch_or(want, 1ull << (o->rank % 64));
-  atomic_thread_fence(memory_order_seq_cst);
-  d->taken_seen = atomic_load(taken);
-  if (o->sent[peer] - d->taken_seen < limit)
-    return true; /* our bit stays: one ring too many at worst */
+  /* held back: the post is retried at our next progress, and before we
+   * sleep arm() asks the peer to ring us (ofi_held_open) */
+  if (!d->held) {
+    d->held = true;
+    o->held[o->nheld++] = peer;
+  }
+  if (limit > d->held_limit)
+    d->held_limit = limit;
   o->rndv_stats.window_waits++;
   return false;
+}
+
+/* arm(), after `sleeping` is set and fenced: for each peer a send was held
+ * back from, sets our bit in its taken_want[] and, fenced, reads its count
+ * again (Dekker with ofi_taken: either it sees the bit and rings us, or we
+ * see what it took). Returns whether a held send may go now (we must not
+ * sleep); those peers leave the list, with their bit cleared. */
+static bool ofi_held_open(struct ofi_ep *o) {
+  bool open = false;
+
+  for (uint32_t i = 0; i < o->nheld;) {
+    int peer = o->held[i];
+    struct ofi_db_peer *d = &o->db_peers[peer];
+    _Atomic uint32_t *taken = db_taken_word(d->page, d->page_len, o->nranks, o->rank);
+    _Atomic uint64_t *want = db_taken_want_word(d->page, d->page_len, o->nranks, o->rank);
+    const uint64_t bit = 1ull << (o->rank % 64);
+
+    atomic_fetch_or(want, bit);
+    atomic_thread_fence(memory_order_seq_cst);
+    d->taken_seen = atomic_load(taken);
+    if (o->sent[peer] - d->taken_seen < d->held_limit) {
+      atomic_fetch_and(want, ~bit);
+      d->held = false;
+      d->held_limit = 0;
+      o->held[i] = o->held[--o->nheld];
+      open = true;
+      continue;
+    }
+    i++;
+  }
+  return open;
 }
 
 /* A message from peer was taken (its receive completed): count it, and ring
@@ -1827,6 +1873,7 @@ static void ofi_taken(struct ofi_ep *o, int peer) {
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(want, memory_order_relaxed) & bit) {
     atomic_fetch_and(want, ~bit);
+    o->rndv_stats.window_rings++;
     db_ring(o, peer);
   }
 }
@@ -2150,7 +2197,7 @@ static int ofi_arm(prov_t *p) {
   case OFI_WAIT_DOORBELL:
     atomic_store(&o->db_page->sleeping, 1);
     atomic_thread_fence(memory_order_seq_cst); /* flag visible before the last look */
-    if (ofi_stash_fill(o) || atomic_load(&o->db_page->want_any)) {
+    if (ofi_stash_fill(o) || atomic_load(&o->db_page->want_any) || ofi_held_open(o)) {
       atomic_store(&o->db_page->sleeping, 0);
       return -EAGAIN;
     }
@@ -2321,6 +2368,7 @@ static void ofi_close(prov_t *p) {
   db_close(o);
   free(o->slots);
   free(o->sent);
+  free(o->held);
   free(o->peers);
   free(o);
 }
