@@ -276,6 +276,7 @@ int prov_ofi_rndv_stats(prov_t *p, prov_ofi_rndv_stats_t *out);
  * read at the call. Returns 0, or -EINVAL when p is not a prov_sock. */
 typedef struct prov_sock_stats {
   uint64_t pauses;
+  uint64_t polls; /* looks at the sockets (epoll_wait) in progress() */
   uint32_t host_conns;
   uint32_t sndbuf_set;
   int sndbuf_max;
