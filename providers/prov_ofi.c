@@ -223,8 +223,7 @@ struct ofi_db_peer {
   size_t page_len;
   bool sar;            /* no CMA to this peer: large messages go by segments */
   uint32_t taken_seen; /* its taken[] entry for us, as we last read it (the window) */
-  uint32_t held_limit; /* the window a send held back needs, 0: none since arm() looked */
-  bool held;           /* in ofi_ep.held[] */
+  uint32_t held_limit; /* the window a send held back needs; not 0: in ofi_ep.held[] */
   struct sockaddr_un sa;
   socklen_t salen;
 };
@@ -1817,10 +1816,8 @@ static bool ofi_window_open(struct ofi_ep *o, int peer, unsigned flags) {
     return false;
   /* held back: the post is retried at our next progress, and before we
    * sleep arm() asks the peer to ring us (ofi_held_open) */
-  if (!d->held) {
-    d->held = true;
+  if (!d->held_limit)
     o->held[o->nheld++] = peer;
-  }
   if (limit > d->held_limit)
     d->held_limit = limit;
   o->rndv_stats.window_waits++;
@@ -1847,7 +1844,6 @@ static bool ofi_held_open(struct ofi_ep *o) {
     d->taken_seen = atomic_load(taken);
     if (o->sent[peer] - d->taken_seen < d->held_limit) {
       atomic_fetch_and(want, ~bit);
-      d->held = false;
       d->held_limit = 0;
       o->held[i] = o->held[--o->nheld];
       open = true;

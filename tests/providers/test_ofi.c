@@ -957,6 +957,42 @@ Test(ofi_shm, the_window_is_looked_at_once_a_window) {
   pt_close_job(ep, 2);
 }
 
+/* A stream of numbered 8-byte messages from rank 1 to rank 0 (the held
+ * sender test below). */
+enum { HELD_N = 400 };
+struct held_stream {
+  prov_t *ep[2];
+  pt_op_t s[HELD_N], r[HELD_N];
+  uint64_t out[HELD_N], in[HELD_N];
+  int sent, took, rc;
+};
+
+/* Rank 1 posts until the window holds it back (rc -EAGAIN; that send,
+ * `sent`, is posted again next time) or all are sent. */
+static void held_post_on(struct held_stream *h) {
+  prov_t *p = h->ep[1];
+
+  while (h->sent < HELD_N &&
+         (h->rc = p->ops->post_send(p, 0, &h->out[h->sent], sizeof(h->out[h->sent]),
+                                    0x100u + (unsigned)h->sent, &h->s[h->sent].op)) == 0)
+    h->sent++;
+  cr_assert(h->sent == HELD_N || h->rc == -EAGAIN, "send %d: %d %s", h->sent, h->rc, p->last_error);
+}
+
+/* Rank 0 takes the next message (driving itself alone) and checks it. */
+static void held_take_one(struct held_stream *h) {
+  prov_t *p = h->ep[0];
+  int i = h->took;
+  pt_op_t *one[1] = {&h->r[i]};
+
+  cr_assert_eq(
+      p->ops->post_recv(p, 1, &h->in[i], sizeof(h->in[i]), 0x100u + (unsigned)i, &h->r[i].op), 0,
+      "receive %d: %s", i, p->last_error);
+  cr_assert(pt_drive(h->ep, 1, one, 1, 20000), "message %d never arrived", i);
+  cr_assert_eq(h->in[i], h->out[i], "message %d: %#llx", i, (unsigned long long)h->in[i]);
+  h->took++;
+}
+
 /* A sender held back by the window is rung when the peer takes one of its
  * messages only if it sleeps. Asking for the ring at every refusal (the bit
  * in the peer's taken_want[]) made a sender that polls, as a broadcast root
@@ -967,57 +1003,36 @@ Test(ofi_shm, the_window_is_looked_at_once_a_window) {
  * with its window full: one take wakes it, with one ring, and no timer (the
  * backstop is off). Every message arrives intact. */
 Test(ofi_shm, a_held_sender_is_rung_only_when_it_sleeps) {
-  enum { N = 400, POLLED = 200 };
-  static pt_op_t s[N], r[N];
-  static uint64_t out[N], in[N];
-  prov_ofi_rndv_stats_t st0, st1;
-  prov_t *ep[2];
+  enum { POLLED = 200 };
+  static struct held_stream h;
+  prov_ofi_rndv_stats_t st0, st1 = {0};
   char err[256] = "";
-  int sent = 0, took = 0, rc = 0;
 
-  cr_assert_eq(pt_open_job("shm", NULL, 2, ep, err, sizeof(err)), 0, "open: %s", err);
-  prov_ofi_test_no_backstop(ep[0]);
-  prov_ofi_test_no_backstop(ep[1]);
-  for (int i = 0; i < N; i++) {
-    pt_op_init(&s[i]);
-    pt_op_init(&r[i]);
-    out[i] = 0x4e1dull << 32 | (uint64_t)i;
-    s[i].buf = &out[i];
-    r[i].buf = &in[i];
+  cr_assert_eq(pt_open_job("shm", NULL, 2, h.ep, err, sizeof(err)), 0, "open: %s", err);
+  prov_ofi_test_no_backstop(h.ep[0]);
+  prov_ofi_test_no_backstop(h.ep[1]);
+  for (int i = 0; i < HELD_N; i++) {
+    pt_op_init(&h.s[i]);
+    pt_op_init(&h.r[i]);
+    h.out[i] = 0x4e1dull << 32 | (uint64_t)i;
+    h.s[i].buf = &h.out[i];
+    h.r[i].buf = &h.in[i];
   }
-  /* rank 1 posts until the window holds it back: the held send stays
-   * `sent`, posted again after each take */
-#define POST_ON()                                                                                  \
-  while (sent < N && (rc = ep[1]->ops->post_send(ep[1], 0, &out[sent], sizeof(out[sent]),          \
-                                                 0x100u + (unsigned)sent, &s[sent].op)) == 0)      \
-    sent++;                                                                                        \
-  cr_assert(sent == N || rc == -EAGAIN, "send %d: %d %s", sent, rc, ep[1]->last_error)
-#define TAKE_ONE()                                                                                 \
-  do {                                                                                             \
-    pt_op_t *one[1] = {&r[took]};                                                                  \
-    cr_assert_eq(ep[0]->ops->post_recv(ep[0], 1, &in[took], sizeof(in[took]),                      \
-                                       0x100u + (unsigned)took, &r[took].op),                      \
-                 0, "receive %d: %s", took, ep[0]->last_error);                                    \
-    cr_assert(pt_drive(ep, 1, one, 1, 20000), "message %d never arrived", took);                   \
-    cr_assert_eq(in[took], out[took], "message %d: %#llx", took, (unsigned long long)in[took]);    \
-    took++;                                                                                        \
-  } while (0)
-  st1.window_waits = 0;
   for (int k = 0; k < 1000 && !st1.window_waits; k++) {
-    POST_ON();
-    ep[0]->ops->progress(ep[0]); /* first contact */
-    ep[1]->ops->progress(ep[1]);
-    cr_assert_eq(prov_ofi_rndv_stats(ep[1], &st1), 0);
+    held_post_on(&h);
+    h.ep[0]->ops->progress(h.ep[0]); /* first contact */
+    h.ep[1]->ops->progress(h.ep[1]);
+    cr_assert_eq(prov_ofi_rndv_stats(h.ep[1], &st1), 0);
   }
-  cr_assert_gt(st1.window_waits, 0, "rank 1 sent %d messages, never held back", sent);
+  cr_assert_gt(st1.window_waits, 0, "rank 1 sent %d messages, never held back", h.sent);
   /* rank 1 polls */
-  while (took < POLLED) {
-    TAKE_ONE();
-    ep[1]->ops->progress(ep[1]);
-    POST_ON();
+  while (h.took < POLLED) {
+    held_take_one(&h);
+    h.ep[1]->ops->progress(h.ep[1]);
+    held_post_on(&h);
   }
-  cr_assert_eq(prov_ofi_rndv_stats(ep[0], &st0), 0);
-  cr_assert_eq(prov_ofi_rndv_stats(ep[1], &st1), 0);
+  cr_assert_eq(prov_ofi_rndv_stats(h.ep[0], &st0), 0);
+  cr_assert_eq(prov_ofi_rndv_stats(h.ep[1], &st1), 0);
   cr_log_info("shm held sender, polling: %d taken, %llu held back, %llu rings", POLLED,
               (unsigned long long)st1.window_waits, (unsigned long long)st0.window_rings);
   cr_assert_geq(st1.window_waits, POLLED, "rank 1 was held back %llu times in %d takes",
@@ -1025,37 +1040,33 @@ Test(ofi_shm, a_held_sender_is_rung_only_when_it_sleeps) {
   cr_assert_eq(st0.window_rings, 0, "rank 0 rang rank 1, which polled, %llu times in %d takes",
                (unsigned long long)st0.window_rings, POLLED);
   /* rank 1 sleeps, held back */
-  cr_assert_eq(rc, -EAGAIN);
-  cr_assert(pt_arm(ep[1], 5000), "rank 1, held back, never armed");
-  ep[1]->ops->disarm(ep[1]); /* rings of the first contact, if any */
-  cr_assert(pt_arm(ep[1], 5000), "rank 1, held back, never armed");
-  cr_assert_eq(pt_poll_fd(ep[1], 100), 0, "rank 1 woken with nothing taken");
-  TAKE_ONE();
-  cr_assert_eq(pt_poll_fd(ep[1], 5000), 1, "rank 1 slept on through rank 0's take");
-  ep[1]->ops->disarm(ep[1]);
-  cr_assert_eq(prov_ofi_rndv_stats(ep[0], &st0), 0);
+  cr_assert_eq(h.rc, -EAGAIN);
+  cr_assert(pt_arm(h.ep[1], 5000), "rank 1, held back, never armed");
+  h.ep[1]->ops->disarm(h.ep[1]); /* rings of the first contact, if any */
+  cr_assert(pt_arm(h.ep[1], 5000), "rank 1, held back, never armed");
+  cr_assert_eq(pt_poll_fd(h.ep[1], 100), 0, "rank 1 woken with nothing taken");
+  held_take_one(&h);
+  cr_assert_eq(pt_poll_fd(h.ep[1], 5000), 1, "rank 1 slept on through rank 0's take");
+  h.ep[1]->ops->disarm(h.ep[1]);
+  cr_assert_eq(prov_ofi_rndv_stats(h.ep[0], &st0), 0);
   cr_assert_eq(st0.window_rings, 1, "%llu rings for one take",
                (unsigned long long)st0.window_rings);
-  ep[1]->ops->progress(ep[1]);
-  POST_ON();
-  cr_assert_gt(sent, took + 1, "rank 1 woken but still held back");
+  h.ep[1]->ops->progress(h.ep[1]);
+  held_post_on(&h);
+  cr_assert_gt(h.sent, h.took + 1, "rank 1 woken but still held back");
   /* the rest, each side polling */
-  while (took < N) {
-    TAKE_ONE();
-    ep[1]->ops->progress(ep[1]);
-    POST_ON();
+  while (h.took < HELD_N) {
+    held_take_one(&h);
+    h.ep[1]->ops->progress(h.ep[1]);
+    held_post_on(&h);
   }
-#undef POST_ON
-#undef TAKE_ONE
-  {
-    pt_op_t *all[N];
-    for (int i = 0; i < N; i++)
-      all[i] = &s[i];
-    cr_assert(pt_drive(ep, 2, all, N, 20000), "rank 1's sends never all completed");
-  }
-  for (int i = 0; i < N; i++)
-    cr_assert_eq(s[i].status, 0, "send %d: %d", i, s[i].status);
-  pt_close_job(ep, 2);
+  pt_op_t *all[HELD_N];
+  for (int i = 0; i < HELD_N; i++)
+    all[i] = &h.s[i];
+  cr_assert(pt_drive(h.ep, 2, all, HELD_N, 20000), "rank 1's sends never all completed");
+  for (int i = 0; i < HELD_N; i++)
+    cr_assert_eq(h.s[i].status, 0, "send %d: %d", i, h.s[i].status);
+  pt_close_job(h.ep, 2);
 }
 
 Test(ofi_shm, window_shares) {
