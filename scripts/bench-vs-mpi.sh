@@ -38,6 +38,8 @@ usage: scripts/bench-vs-mpi.sh [options]
   -w WARMUP       warmup calls per size (default: the tools' own, 5)
   --check         verify results too (#wrong is reported per tool)
   --inplace       in place in both tools, where the collective has that form
+  --mem MODE      plain (default: posix_memalign) or lib: each tool's library
+                  allocates the buffers (chorus_mem_alloc, MPI_Alloc_mem)
   --build DIR     build directory holding tools/chorus-run, tools/chorus-perf and
                   tools/mpi-perf (default ./build)
   --out DIR       keep the raw JSON lines and logs there (default: a new temp dir)
@@ -56,7 +58,7 @@ die_usage() {
 
 ranks=2 provider=shm minb=8 maxb=64M factor=4 rounds=5 dtype=float32 op=sum colls=allreduce
 iters="" warmup="" check=0 inplace=0 build=./build out="" run_chorus=1 run_mpi=1 report=""
-root="" algo=""
+root="" algo="" mem=plain
 while [ $# -gt 0 ]; do
   case "$1" in
     -c) colls=${2:?}; shift ;;
@@ -74,6 +76,7 @@ while [ $# -gt 0 ]; do
     --algo) algo=${2:?}; shift ;;
     --check) check=1 ;;
     --inplace) inplace=1 ;;
+    --mem) mem=${2:?}; shift ;;
     --build) build=${2:?}; shift ;;
     --out) out=${2:?}; shift ;;
     --chorus-only) run_mpi=0 ;;
@@ -89,6 +92,7 @@ done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || die_usage "-r needs a positive integer"
 [[ $colls =~ ^[a-z_]+(,[a-z_]+)*$ ]] || die_usage "-c needs a collective or a comma list of them"
 [ -z "$root" ] || [[ $root =~ ^[0-9]+$ ]] || die_usage "--root needs a rank"
+[ "$mem" = plain ] || [ "$mem" = lib ] || die_usage "--mem must be plain or lib"
 case "$provider" in
   shm) mpi_btl=(--mca btl "self,vader") ;;
   tcp|sock) mpi_btl=(--mca btl "self,tcp" --mca btl_tcp_if_include lo) ;;
@@ -126,6 +130,7 @@ if [ -n "$iters" ]; then perf_args+=(-n "$iters"); fi
 if [ -n "$warmup" ]; then perf_args+=(-w "$warmup"); fi
 if [ $check = 1 ]; then perf_args+=(--check); fi
 if [ $inplace = 1 ]; then perf_args+=(--inplace); fi
+if [ "$mem" = lib ]; then perf_args+=(--mem lib); fi
 
 chorus_env=()
 if [ "$provider" != shm ] && [ -z "${FI_TCP_IFACE:-}" ]; then
@@ -139,7 +144,7 @@ mpi_cmd=(mpirun --allow-run-as-root --oversubscribe -np "$ranks" --bind-to none
 
 if [ -z "$report" ]; then
   echo "# bench-vs-mpi: $colls, $ranks ranks, provider $provider, $dtype $op, sizes" \
-    "$minb..$maxb x$factor, $rounds rounds, raw output in $out"
+    "$minb..$maxb x$factor, $rounds rounds, $mem memory, raw output in $out"
 else
   echo "# bench-vs-mpi: report of $out"
 fi

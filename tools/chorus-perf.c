@@ -55,6 +55,9 @@ static const struct perf_tool tool = {
         "                         or CHORUS_ALGO syntax, e.g. 'allreduce=ring;bcast=tree'\n",
     .algo_missing = "--algo '%s' is not available",
     .half = true,
+    .mem_lib = "chorus_mem_alloc",
+    .mem_help = "                         chorus_mem_alloc, which ranks of one host map: shm\n"
+                "                         peers read the data where it lies (no kernel copy)\n",
 };
 
 static const chorus_dtype dtype_ids[] = {
@@ -174,6 +177,30 @@ static int set_algo(const struct perf_options *opt) {
   return 0;
 }
 
+/* One buffer of -e bytes, from where --mem says; 0, or -1 after a message. */
+static int buf_alloc(const struct perf_options *opt, unsigned char **buf, size_t bytes) {
+  if (opt->mem == PERF_MEM_LIB) {
+    chorus_result rc = chorus_mem_alloc((void **)buf, bytes);
+    if (rc)
+      fprintf(stderr, PERF_NAME ": chorus_mem_alloc(%zu) failed: %s: %s\n", bytes,
+              chorus_strerror(rc), chorus_last_error());
+    return rc ? -1 : 0;
+  }
+  if (posix_memalign((void **)buf, 4096, bytes)) {
+    *buf = NULL;
+    fprintf(stderr, PERF_NAME ": cannot allocate %zu bytes of buffer\n", bytes);
+    return -1;
+  }
+  return 0;
+}
+
+static void buf_free(const struct perf_options *opt, unsigned char *buf) {
+  if (opt->mem == PERF_MEM_LIB)
+    (void)chorus_mem_free(buf);
+  else
+    free(buf);
+}
+
 int main(int argc, char **argv) {
   struct perf_options opt;
   struct chorus_ctx ctx = {0};
@@ -198,10 +225,8 @@ int main(int argc, char **argv) {
    * communicator exists, not leave the others waiting in a collective. Every
    * collective's buffers fit in -e bytes each (sizes are whole buffers). */
   bufbytes = opt.maxbytes / opt.dtype->size * opt.dtype->size;
-  if (posix_memalign((void **)&sendbuf, 4096, bufbytes) ||
-      posix_memalign((void **)&recvbuf, 4096, bufbytes)) {
-    fprintf(stderr, PERF_NAME ": cannot allocate 2 x %zu bytes of buffers\n", bufbytes);
-    free(sendbuf);
+  if (buf_alloc(&opt, &sendbuf, bufbytes) || buf_alloc(&opt, &recvbuf, bufbytes)) {
+    buf_free(&opt, sendbuf);
     return 1;
   }
   memset(sendbuf, 0, bufbytes);
@@ -239,7 +264,7 @@ out_destroy:
     exit_code = 1;
   }
 out_free_bufs:
-  free(recvbuf);
-  free(sendbuf);
+  buf_free(&opt, recvbuf);
+  buf_free(&opt, sendbuf);
   return exit_code;
 }

@@ -46,6 +46,8 @@ static const struct perf_tool tool = {
     .algo_missing =
         "--algo '%s' is not available in " PERF_NAME ": Open MPI picks its algorithms itself",
     .half = false,
+    .mem_lib = "MPI_Alloc_mem",
+    .mem_help = "                         MPI_Alloc_mem\n",
 };
 
 /* float16 and bfloat16 are not offered (tool.half), so never looked up. */
@@ -250,14 +252,16 @@ int main(int argc, char **argv) {
     return PERF_EXIT_USAGE;
   }
   bufbytes = maxcount * opt.dtype->size;
-  if (posix_memalign((void **)&sendbuf, 4096, bufbytes) ||
-      posix_memalign((void **)&recvbuf, 4096, bufbytes)) {
-    fprintf(stderr, PERF_NAME ": cannot allocate 2 x %zu bytes of buffers\n", bufbytes);
-    free(sendbuf);
-    return 1;
+  /* Plain buffers come first, before MPI_Init, as in chorus-perf; MPI_Alloc_mem
+   * needs MPI, and a rank it fails on ends the job (the others would wait). */
+  if (opt.mem == PERF_MEM_PLAIN) {
+    if (posix_memalign((void **)&sendbuf, 4096, bufbytes) ||
+        posix_memalign((void **)&recvbuf, 4096, bufbytes)) {
+      fprintf(stderr, PERF_NAME ": cannot allocate 2 x %zu bytes of buffers\n", bufbytes);
+      free(sendbuf);
+      return 1;
+    }
   }
-  memset(sendbuf, 0, bufbytes);
-  memset(recvbuf, 0, bufbytes);
 
   rc = MPI_Init(&argc, &argv);
   if (rc != MPI_SUCCESS) {
@@ -266,6 +270,14 @@ int main(int argc, char **argv) {
     goto out_free_bufs;
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  if (opt.mem == PERF_MEM_LIB &&
+      ((rc = MPI_Alloc_mem((MPI_Aint)bufbytes, MPI_INFO_NULL, &sendbuf)) != MPI_SUCCESS ||
+       (rc = MPI_Alloc_mem((MPI_Aint)bufbytes, MPI_INFO_NULL, &recvbuf)) != MPI_SUCCESS)) {
+    fprintf(stderr, PERF_NAME ": MPI_Alloc_mem(%zu) failed (%d)\n", bufbytes, rc);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  memset(sendbuf, 0, bufbytes);
+  memset(recvbuf, 0, bufbytes);
   MPI_Comm_rank(MPI_COMM_WORLD, &ctx.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ctx.nranks);
   be.version = mpi_version();
@@ -274,6 +286,11 @@ int main(int argc, char **argv) {
 
   exit_code = perf_run(&tool, &be, &opt, sendbuf, recvbuf);
 
+  if (opt.mem == PERF_MEM_LIB) {
+    MPI_Free_mem(recvbuf);
+    MPI_Free_mem(sendbuf);
+    recvbuf = sendbuf = NULL;
+  }
   MPI_Finalize();
 out_free_bufs:
   free(recvbuf);

@@ -370,8 +370,14 @@ static void usage(const struct perf_tool *tool, FILE *f) {
         "      --inplace          in place where the collective has that form (allreduce,\n"
         "                         bcast, allgather, reduce_scatter; the others run out of\n"
         "                         place in a list, and are refused alone)\n"
-        "      --outplace         separate buffers (default)\n"
-        "  -h, --help             this help\n"
+        "      --outplace         separate buffers (default)\n",
+        f);
+  fputs("      --mem plain|lib    where the buffers come from: plain, posix_memalign\n"
+        "                         (default); lib, the library's allocator:\n",
+        f);
+  if (tool->mem_help)
+    fputs(tool->mem_help, f);
+  fputs("  -h, --help             this help\n"
         "\n"
         "Sizes, as in nccl-tests, are the whole buffer of the operation: the message of\n"
         "allreduce, bcast, reduce and sendrecv; the receive buffer of allgather and\n"
@@ -477,7 +483,7 @@ static bool parse_colls(const struct perf_tool *tool, const char *list, struct p
 
 bool perf_parse_args(const struct perf_tool *tool, int argc, char **argv, struct perf_options *opt,
                      int *exit_code) {
-  enum { OPT_CHECK = 256, OPT_JSON, OPT_INPLACE, OPT_OUTPLACE, OPT_ALGO };
+  enum { OPT_CHECK = 256, OPT_JSON, OPT_INPLACE, OPT_OUTPLACE, OPT_ALGO, OPT_MEM };
   static const struct option longopts[] = {{"collective", required_argument, NULL, 'c'},
                                            {"minbytes", required_argument, NULL, 'b'},
                                            {"maxbytes", required_argument, NULL, 'e'},
@@ -492,6 +498,7 @@ bool perf_parse_args(const struct perf_tool *tool, int argc, char **argv, struct
                                            {"json", no_argument, NULL, OPT_JSON},
                                            {"inplace", no_argument, NULL, OPT_INPLACE},
                                            {"outplace", no_argument, NULL, OPT_OUTPLACE},
+                                           {"mem", required_argument, NULL, OPT_MEM},
                                            {"help", no_argument, NULL, 'h'},
                                            {NULL, 0, NULL, 0}};
   const char *coll = "allreduce", *dtype = "float32", *op = "sum";
@@ -553,6 +560,14 @@ bool perf_parse_args(const struct perf_tool *tool, int argc, char **argv, struct
       break;
     case OPT_OUTPLACE:
       opt->inplace = false;
+      break;
+    case OPT_MEM:
+      if (!strcmp(optarg, "plain"))
+        opt->mem = PERF_MEM_PLAIN;
+      else if (!strcmp(optarg, "lib"))
+        opt->mem = PERF_MEM_LIB;
+      else
+        return usage_error(tool, "bad memory for --mem: '%s' (plain or lib)", optarg);
       break;
     case 'h':
       if (!perf_env_says_not_rank0())
@@ -657,7 +672,10 @@ static void print_header(const struct perf_table *t) {
     printf(", iters %d", opt->iters);
   else
     printf(", iters 100 (20 past 1M, 20*64M/size past 64M, >= 5)");
-  printf(", check %s\n#\n", opt->check ? "on" : "off");
+  printf(", check %s, memory %s\n#\n", opt->check ? "on" : "off",
+         opt->mem == PERF_MEM_PLAIN ? "plain"
+         : t->tool->mem_lib         ? t->tool->mem_lib
+                                    : "lib");
   printf("# %10s  %12s  %8s  %6s  %4s  %10s  %8s  %8s  %7s  %s\n", "size", "count", "type", "redop",
          "root", "time", "algbw", "busbw", "#wrong", "algo");
   printf("# %10s  %12s  %8s  %6s  %4s  %10s  %8s  %8s  %7s\n", "(B)", "(elements)", "", "", "",
@@ -691,7 +709,8 @@ static void print_row(const struct perf_table *t, const struct perf_row *r) {
       printf("%" PRId64, r->wrong);
     else
       printf("null");
-    printf(",\"inplace\":%s}\n", t->inplace ? "true" : "false");
+    printf(",\"inplace\":%s,\"mem\":\"%s\"}\n", t->inplace ? "true" : "false",
+           opt->mem == PERF_MEM_LIB ? "lib" : "plain");
   } else {
     char wrong[24], root[16], algbw[16], busbw[16];
     if (r->wrong >= 0)

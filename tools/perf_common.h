@@ -86,6 +86,12 @@ struct perf_op_info {
   enum perf_op id;
 };
 
+/* Where the tool puts its buffers (--mem). */
+enum perf_mem {
+  PERF_MEM_PLAIN, /* posix_memalign: memory the library knows nothing of (default) */
+  PERF_MEM_LIB,   /* the library's own allocator (perf_tool.mem_lib) */
+};
+
 /* What differs between the tools in parsing and printing; static, never freed. */
 struct perf_tool {
   const char *name;         /* program name in messages: "chorus-perf" */
@@ -95,6 +101,8 @@ struct perf_tool {
   const char *algo_help;    /* usage lines of --algo, or NULL: the tool has no --algo */
   const char *algo_missing; /* usage error for --algo when algo_help is NULL */
   bool half;                /* float16 and bfloat16 are offered */
+  const char *mem_lib;      /* the allocator of --mem lib, as the header names it, or NULL */
+  const char *mem_help;     /* usage lines of --mem lib, each ending in '\n', or NULL */
 };
 
 struct perf_options {
@@ -107,6 +115,7 @@ struct perf_options {
   int warmup;       /* -1: default per size */
   int root;         /* rooted collectives; checked against the size by perf_run */
   const char *algo; /* --algo as given, or NULL */
+  enum perf_mem mem;
   bool check, json, inplace;
 };
 

@@ -224,6 +224,7 @@ struct out_row {
   char coll[32];
   long long bytes, count, wrong;
   bool inplace;
+  char mem[8]; /* "plain" or "lib" */
 };
 
 static bool field_str(const char *line, const char *key, char *out, size_t len) {
@@ -317,6 +318,7 @@ static int run_sim(int n, enum bug bug, const char *args, struct out_row *rows, 
     cr_assert(field_num(line, "wrong", &o->wrong), "no wrong count: %s", line);
     cr_assert(field_str(line, "algo", inplace, sizeof(inplace)) && !strcmp(inplace, "sim"));
     o->inplace = strstr(line, "\"inplace\":true") != NULL;
+    cr_assert(field_str(line, "mem", o->mem, sizeof(o->mem)), "no mem: %s", line);
     (*nrows)++;
   }
   fclose(f);
@@ -461,6 +463,23 @@ Test(perf_check, algo_option) {
     }
 }
 
+/* --mem: plain by default, lib when asked; every JSON line says which. */
+Test(perf_check, mem_option) {
+  static const char *const args[] = {"-c allreduce,bcast", "-c allreduce,bcast --mem lib",
+                                     "-c allreduce,bcast --mem lib --mem plain"};
+  static const char *const want[] = {"plain", "lib", "plain"};
+  for (size_t i = 0; i < 3; i++) {
+    char buf[96];
+    struct out_row rows[32];
+    int nrows;
+    snprintf(buf, sizeof(buf), "%s -d float64 -b 8 -e 64 -f 8 -n 1 -w 0 --check", args[i]);
+    cr_assert_eq(run_sim(2, BUG_NONE, buf, rows, 32, &nrows), 0, "%s", buf);
+    cr_assert_eq(nrows, 4, "%s: %d lines", buf, nrows);
+    for (int k = 0; k < nrows; k++)
+      cr_assert_str_eq(rows[k].mem, want[i], "%s", buf);
+  }
+}
+
 Test(perf_check, usage_errors) {
   static const char *const bad[] = {
       "-c nope",
@@ -469,6 +488,8 @@ Test(perf_check, usage_errors) {
       "-c allreduce --algo ring",
       "--root -1",
       "-c ,",
+      "--mem nope",
+      "--mem",
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     char buf[128], *argv[16], *save = NULL;

@@ -288,6 +288,7 @@ struct expect {
   int nranks;
   int root;       /* -1: not given (0) */
   bool inplace;   /* --inplace was given */
+  bool lib;       /* --mem lib was given */
   bool mpi;       /* provider "openmpi", algo "default" */
   char algo[16];  /* "" or the algo every line must name */
   char colls[96]; /* the -c list, in order */
@@ -363,6 +364,8 @@ static void check_lines(const struct output *o, const struct expect *e) {
       cr_assert_str_eq(f->str, "openmpi", "%s", line);
     cr_assert_eq(jget_type(&obj, "inplace", J_BOOL, line)->num, e->inplace && c->inplace, "%s",
                  line);
+    cr_assert_str_eq(jget_type(&obj, "mem", J_STRING, line)->str, e->lib ? "lib" : "plain", "%s",
+                     line);
     if (c->rooted)
       cr_assert_eq(jget_type(&obj, "root", J_NUMBER, line)->num, e->root < 0 ? 0 : e->root, "%s",
                    line);
@@ -394,6 +397,7 @@ struct perf_case {
   int nranks;
   int root;
   bool inplace;
+  bool lib; /* --mem lib */
   char algo[16];
   char colls[96];
 };
@@ -412,6 +416,10 @@ static struct output run_chorus(const struct perf_case *tc) {
   }
   if (tc->inplace)
     argv[argc++] = "--inplace";
+  if (tc->lib) {
+    argv[argc++] = "--mem";
+    argv[argc++] = "lib";
+  }
   if (tc->algo[0]) {
     argv[argc++] = "--algo";
     argv[argc++] = (char *)tc->algo;
@@ -440,12 +448,17 @@ static struct output run_mpi(const struct perf_case *tc) {
   }
   if (tc->inplace)
     argv[argc++] = "--inplace";
+  if (tc->lib) {
+    argv[argc++] = "--mem";
+    argv[argc++] = "lib";
+  }
   argv[argc] = NULL;
   return run_cmd(argv);
 }
 
 static struct expect expect_of(const struct perf_case *tc, bool mpi) {
-  struct expect e = {.nranks = tc->nranks, .root = tc->root, .inplace = tc->inplace, .mpi = mpi};
+  struct expect e = {
+      .nranks = tc->nranks, .root = tc->root, .inplace = tc->inplace, .lib = tc->lib, .mpi = mpi};
   snprintf(e.algo, sizeof(e.algo), "%s", tc->algo);
   if (!strcmp(tc->colls, "all"))
     snprintf(e.colls, sizeof(e.colls),
@@ -456,9 +469,11 @@ static struct expect expect_of(const struct perf_case *tc, bool mpi) {
   return e;
 }
 
-/* Every collective alone at 2 and 3 ranks, then roots, in-place and --algo. */
+/* Every collective alone at 2 and 3 ranks, then roots, in-place, and every
+ * collective over buffers from chorus_mem_alloc (--mem lib), out of place
+ * and in place. */
 static struct perf_case *cases(size_t *n) {
-  static struct perf_case all[2 * NCOLLS + 2];
+  static struct perf_case all[2 * NCOLLS + 4];
   size_t k = 0;
   for (int r = 2; r <= 3; r++)
     for (int i = 0; i < NCOLLS; i++) {
@@ -468,6 +483,10 @@ static struct perf_case *cases(size_t *n) {
   all[k] = (struct perf_case){.nranks = 3, .root = 2};
   snprintf(all[k++].colls, sizeof(all[0].colls), "bcast,reduce,gather,scatter");
   all[k] = (struct perf_case){.nranks = 3, .root = -1, .inplace = true};
+  snprintf(all[k++].colls, sizeof(all[0].colls), "allreduce,bcast,allgather,reduce_scatter");
+  all[k] = (struct perf_case){.nranks = 3, .root = 1, .lib = true};
+  snprintf(all[k++].colls, sizeof(all[0].colls), "all");
+  all[k] = (struct perf_case){.nranks = 3, .root = -1, .inplace = true, .lib = true};
   snprintf(all[k++].colls, sizeof(all[0].colls), "allreduce,bcast,allgather,reduce_scatter");
   *n = k;
   return all;
@@ -500,6 +519,7 @@ ParameterizedTestParameters(perf_tools, mpi_perf_check) {
        .root = -1,
        .inplace = true,
        .colls = "allreduce,bcast,allgather,reduce_scatter"},
+      {.nranks = 2, .root = -1, .lib = true, .colls = "all"},
   };
   return cr_make_param_array(struct perf_case, all, sizeof(all) / sizeof(all[0]));
 }
@@ -538,6 +558,7 @@ Test(perf_tools, usage_errors) {
       {"-c", "alltoall", "--inplace"},
       {"-c", "all", "--algo", "tree"},
       {"-c", "sendrecv", "--algo", "ring"},
+      {"-c", "bcast", "--mem", "shared"},
   };
   for (size_t i = 0; i < sizeof(chorus_bad) / sizeof(chorus_bad[0]); i++) {
     char *argv[8] = {TOOLS "chorus-perf"};
