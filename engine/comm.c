@@ -975,6 +975,7 @@ chorus_result comm_open_transport(chorus_comm_t *c) {
                        .inproc_world = c->local ? c->local->world : NULL,
                        .host_of = c->topo ? c->topo->host_of : NULL,
                        .shm_bounce = comm_shm_bounce(c),
+                       .shm_bounce_mapped = coll_ranks_per_core(c) > 1,
                        .iface = c->set.sock_iface,
                        .sock_sndbuf = c->set.sock_sndbuf};
   if (c->set.faults[0]) {

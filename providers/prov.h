@@ -86,6 +86,7 @@
 #ifndef CHORUS_PROV_H
 #define CHORUS_PROV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -144,6 +145,11 @@ typedef struct prov_config {
    * bounce slot (at most 256 KiB; the engine lowers it when ranks
    * outnumber cores). 0: the default, 64 KiB; PROV_BOUNCE_NONE: never. */
   size_t shm_bounce;
+  /* shm: messages of up to shm_bounce bytes from memory peers can map
+   * (chorus_mem_alloc) are bounced too, instead of read where they lie.
+   * The engine sets it when ranks outnumber cores: a sender whose message is
+   * read in place waits for the receiver to be scheduled, read and ack. */
+  bool shm_bounce_mapped;
   /* sock: the network interface to listen on ("eth0", "lo"); NULL or "":
    * FI_TCP_IFACE when set, else the first IPv4 interface that is up and not
    * loopback, else loopback. */
