@@ -149,6 +149,30 @@ static void run(int n, int mask) {
   cr_assert_eq(r.failed, 0, "%d ranks, mask %#x: %d rank(s) failed", n, mask, r.failed);
 }
 
+/* Rank 0 sends bytes of value v from buf to rank 1, which receives them into
+ * buf, checks them and reads its transport's counts after into *st. Returns
+ * 0, or 1 after a message. */
+static int send_one(chorus_comm_t *c, int rank, unsigned char *buf, size_t bytes, unsigned char v,
+                    prov_ofi_rndv_stats_t *st) {
+  memset(buf, rank ? 0 : v, bytes);
+  chorus_result rc = rank ? chorus_recv(c, buf, bytes, CHORUS_UINT8, 0)
+                          : chorus_send(c, buf, bytes, CHORUS_UINT8, 1);
+  if (rc) {
+    fprintf(stderr, "rank %d: %zu B: %s\n", rank, bytes, chorus_comm_last_error(c));
+    return 1;
+  }
+  for (size_t i = 0; rank && i < bytes; i++)
+    if (buf[i] != v) {
+      fprintf(stderr, "rank 1: %zu B: byte %zu is %u\n", bytes, i, buf[i]);
+      return 1;
+    }
+  if (rank && prov_ofi_rndv_stats(c->prov, st)) {
+    fprintf(stderr, "rank 1: not an ofi endpoint\n");
+    return 1;
+  }
+  return 0;
+}
+
 /* Plain memory over shm: messages up to CHORUS_SHM_BOUNCE (64 KiB by
  * default) go through the sender's bounce slots, larger ones by one CMA
  * copy from the sender's buffer (comm.c: shm_bounce). Rank 0 sends, rank 1
@@ -166,27 +190,10 @@ static int bounce_rank(int rank, int size, const char *addr, void *arg) {
   }
   uint64_t last_bounce = 0, last_cma = 0;
   for (size_t k = 0; k < 3 && !bad; k++) {
-    memset(buf, rank ? 0 : (int)(k + 1), sizes[k]);
-    chorus_result rc = rank ? chorus_recv(c, buf, sizes[k], CHORUS_UINT8, 0)
-                            : chorus_send(c, buf, sizes[k], CHORUS_UINT8, 1);
-    if (rc) {
-      fprintf(stderr, "rank %d: %zu B: %s\n", rank, sizes[k], chorus_comm_last_error(c));
-      bad = 1;
-      break;
-    }
-    if (rank == 0)
-      continue;
-    for (size_t i = 0; i < sizes[k]; i++)
-      if (buf[i] != (unsigned char)(k + 1)) {
-        fprintf(stderr, "rank 1: %zu B: byte %zu is %u\n", sizes[k], i, buf[i]);
-        bad = 1;
-        break;
-      }
     prov_ofi_rndv_stats_t st;
-    if (bad || prov_ofi_rndv_stats(c->prov, &st)) {
-      bad = 1;
-      break;
-    }
+    bad = send_one(c, rank, buf, sizes[k], (unsigned char)(k + 1), &st);
+    if (bad || rank == 0)
+      continue;
     bool bounced = st.bounce_bytes - last_bounce == sizes[k] && st.cma_bytes == last_cma &&
                    st.bounce_marks == k + 1;
     bool cma = st.cma_bytes - last_cma == sizes[k] && st.bounce_bytes == last_bounce;
@@ -211,6 +218,27 @@ Test(mem, plain_memory_bounces_up_to_64_kib) {
   cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
 }
 
+/* Keeps this process on the first `want` CPUs of its affinity mask (fewer
+ * where it has fewer); *shared: fewer than two are left. 0, or 1 after a
+ * message. */
+static int keep_cpus(int want, bool *shared) {
+  cpu_set_t set, keep;
+  if (sched_getaffinity(0, sizeof(set), &set)) {
+    perror("sched_getaffinity");
+    return 1;
+  }
+  CPU_ZERO(&keep);
+  for (int cpu = 0, k = 0; cpu < CPU_SETSIZE && k < want; cpu++)
+    if (CPU_ISSET(cpu, &set))
+      CPU_SET(cpu, &keep), k++;
+  if (sched_setaffinity(0, sizeof(keep), &keep)) {
+    perror("sched_setaffinity");
+    return 1;
+  }
+  *shared = CPU_COUNT(&keep) < 2;
+  return 0;
+}
+
 /* Mapped memory (chorus_mem_alloc) is read where it lies, whatever the
  * size, while ranks have cores of their own; when they outnumber the cores,
  * messages of up to the bounce size are bounced like plain memory's (a
@@ -221,20 +249,9 @@ Test(mem, plain_memory_bounces_up_to_64_kib) {
  * rank 1 receives into plain memory and checks the path each size took. */
 static int mapped_bounce_rank(int rank, int size, const char *addr, void *arg) {
   static const size_t sizes[] = {32 << 10, 64 << 10, 128 << 10};
-  cpu_set_t set, mine;
-  if (sched_getaffinity(0, sizeof(set), &set)) {
-    perror("sched_getaffinity");
+  bool shared;
+  if (keep_cpus(strcmp(arg, "one") ? 2 : 1, &shared))
     return 1;
-  }
-  CPU_ZERO(&mine);
-  for (int cpu = 0, k = 0; cpu < CPU_SETSIZE && k < (strcmp(arg, "one") ? 2 : 1); cpu++)
-    if (CPU_ISSET(cpu, &set))
-      CPU_SET(cpu, &mine), k++;
-  if (sched_setaffinity(0, sizeof(mine), &mine)) {
-    perror("sched_setaffinity");
-    return 1;
-  }
-  const bool shared = CPU_COUNT(&mine) < 2;
   chorus_comm_t *c;
   unsigned char *buf = NULL;
   int bad = 0;
@@ -256,26 +273,9 @@ static int mapped_bounce_rank(int rank, int size, const char *addr, void *arg) {
     bad = 1;
   }
   for (size_t k = 0; k < 3 && !bad; k++) {
-    memset(buf, rank ? 0 : (int)(k + 1), sizes[k]);
-    chorus_result rc = rank ? chorus_recv(c, buf, sizes[k], CHORUS_UINT8, 0)
-                            : chorus_send(c, buf, sizes[k], CHORUS_UINT8, 1);
-    if (rc) {
-      fprintf(stderr, "rank %d: %zu B: %s\n", rank, sizes[k], chorus_comm_last_error(c));
-      bad = 1;
-      break;
-    }
-    if (rank == 0)
+    bad = send_one(c, rank, buf, sizes[k], (unsigned char)(k + 1), &st);
+    if (bad || rank == 0)
       continue;
-    for (size_t i = 0; i < sizes[k]; i++)
-      if (buf[i] != (unsigned char)(k + 1)) {
-        fprintf(stderr, "rank 1: %zu B: byte %zu is %u\n", sizes[k], i, buf[i]);
-        bad = 1;
-        break;
-      }
-    if (bad || prov_ofi_rndv_stats(c->prov, &st)) {
-      bad = 1;
-      break;
-    }
     const uint64_t bounced = st.bounce_bytes - last.bounce_bytes,
                    mapped = st.mapped_bytes - last.mapped_bytes,
                    cma = st.cma_bytes - last.cma_bytes;
@@ -699,20 +699,9 @@ static int alone_step(chorus_comm_t *c, int rank, int size, bool bcast, size_t n
 
 static int alone_rank(int rank, int size, const char *addr, void *arg) {
   const bool on = strcmp(arg, "alone") == 0;
-  cpu_set_t set, two;
-  if (sched_getaffinity(0, sizeof(set), &set)) {
-    perror("sched_getaffinity");
+  bool shared;
+  if (keep_cpus(2, &shared))
     return 1;
-  }
-  CPU_ZERO(&two);
-  for (int cpu = 0, k = 0; cpu < CPU_SETSIZE && k < 2; cpu++)
-    if (CPU_ISSET(cpu, &set))
-      CPU_SET(cpu, &two), k++;
-  if (sched_setaffinity(0, sizeof(two), &two)) {
-    perror("sched_setaffinity");
-    return 1;
-  }
-  const bool shared = CPU_COUNT(&two) < 2;
   chorus_comm_t *c;
   if (chorus_comm_init(&c, rank, size, addr)) {
     fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
