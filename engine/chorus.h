@@ -306,8 +306,8 @@ CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int k
  * Memory that peers on the same host can map: allreduce and the other
  * collectives over buffers from chorus_mem_alloc skip one copy on shm
  * (peers read the data in place instead of through the kernel). Any buffer
- * works with every call. When a host's ranks outnumber its cores, messages
- * of up to CHORUS_SHM_BOUNCE bytes go through bounce slots from either kind
+ * works with every call. When a host's ranks outnumber its cores, calls of
+ * up to CHORUS_SHM_BOUNCE bytes go through bounce slots from either kind
  * (a sender whose data is read in place waits for the receiver to run).
  * Freed with chorus_mem_free.
  */

@@ -363,6 +363,8 @@ static size_t start_commands(chorus_comm_t *c) {
     exec_set_call(ex, req->call_seq, req->fp);
     if (req->recovery)
       exec_set_comm_id(ex, EXEC_COMM_RECOVERY);
+    if (req->bounce)
+      exec_set_bounce(ex);
     exec_start(&c->ex, ex);
     n++;
   }
@@ -975,7 +977,6 @@ chorus_result comm_open_transport(chorus_comm_t *c) {
                        .inproc_world = c->local ? c->local->world : NULL,
                        .host_of = c->topo ? c->topo->host_of : NULL,
                        .shm_bounce = comm_shm_bounce(c),
-                       .shm_bounce_mapped = coll_ranks_per_core(c) > 1,
                        .iface = c->set.sock_iface,
                        .sock_sndbuf = c->set.sock_sndbuf};
   if (c->set.faults[0]) {

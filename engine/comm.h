@@ -65,6 +65,7 @@ struct chorus_request {
   bool submitted;                /* handed to the progress thread (false while queued in a group) */
   bool grouped;     /* a blocking call queued in a group: chorus_group_end releases it */
   bool staged;      /* runs in comm->stage (coll.c, "Staging"); released with the request */
+  bool bounce;      /* its sends bounce whatever the memory (coll.c, "Staging") */
   void *stage_out;  /* staged: where the result goes when it completes, or NULL */
   size_t stage_len; /* ... its bytes, from the start of comm->stage */
   atomic_int done;

@@ -73,6 +73,7 @@ struct exec {
   uint64_t fail_ns;      /* when canceling began */
   uint64_t call_seq, fp; /* exec_set_call */
   uint8_t comm_id;       /* the tags' communicator field: ctx's, or exec_set_comm_id's */
+  unsigned send_flags;   /* PROV_OP_* of every send (exec_set_bounce) */
   char *why;             /* the mismatch a receive found (malloc'd), or NULL */
   bool uncertain;        /* a mismatch seen without the sender's fingerprint */
   exec_done_fn done;
@@ -571,6 +572,10 @@ void exec_set_comm_id(exec_t *ex, uint8_t comm_id) {
   ex->comm_id = comm_id;
 }
 
+void exec_set_bounce(exec_t *ex) {
+  ex->send_flags |= PROV_OP_BOUNCE;
+}
+
 bool exec_uncertain(const exec_t *ex) {
   return ex->uncertain;
 }
@@ -600,7 +605,7 @@ static int post_step(exec_ctx_t *ctx, exec_t *ex, uint32_t idx) {
   int rc;
 
   if (ps->kind == STEP_SEND) {
-    st->op.flags = ex->msg_or & EXEC_MSG_P2P ? PROV_OP_P2P : 0;
+    st->op.flags = ex->send_flags | (ex->msg_or & EXEC_MSG_P2P ? PROV_OP_P2P : 0);
     st->op.data = send_data(ex, at(ex, ps->src), ps->bytes);
     rc = ctx->prov->ops->post_send(ctx->prov, ps->peer, at(ex, ps->src), ps->bytes,
                                    exec_tag(ctx->rank, ex->comm_id, ex->seq, ps->msg | ex->msg_or),

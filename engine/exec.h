@@ -112,6 +112,8 @@ bool exec_uncertain(const exec_t *ex);
  * every call's sequence numbers, which the survivors may no longer share). */
 #define EXEC_COMM_RECOVERY 0xff
 void exec_set_comm_id(exec_t *ex, uint8_t comm_id);
+/* Before exec_start: its sends go with PROV_OP_BOUNCE. */
+void exec_set_bounce(exec_t *ex);
 /* A failed run whose operations the transport does not give back within
  * this long completes for its caller and is kept until they come back. */
 #define EXEC_ORPHAN_NS (2000ull * 1000 * 1000)

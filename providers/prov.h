@@ -86,7 +86,6 @@
 #ifndef CHORUS_PROV_H
 #define CHORUS_PROV_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -116,6 +115,12 @@ enum {
    * network short of buffers would lose it), so that such copies never
    * hold the room real messages need. */
   PROV_OP_SPARE = 1u << 2,
+  /* A send that goes through shm's bounce slots (up to shm_bounce bytes)
+   * even from memory peers can map, which is otherwise read where it lies:
+   * read in place, it holds its sender until the receiver is scheduled,
+   * reads and acks. The engine sets it for small calls among ranks that
+   * outnumber the cores (coll.c, "Staging"). */
+  PROV_OP_BOUNCE = 1u << 3,
 };
 
 /* Embedded by the caller in its own object (container_of to get back). */
@@ -145,11 +150,6 @@ typedef struct prov_config {
    * bounce slot (at most 256 KiB; the engine lowers it when ranks
    * outnumber cores). 0: the default, 64 KiB; PROV_BOUNCE_NONE: never. */
   size_t shm_bounce;
-  /* shm: messages of up to shm_bounce bytes from memory peers can map
-   * (chorus_mem_alloc) are bounced too, instead of read where they lie.
-   * The engine sets it when ranks outnumber cores: a sender whose message is
-   * read in place waits for the receiver to be scheduled, read and ack. */
-  bool shm_bounce_mapped;
   /* sock: the network interface to listen on ("eth0", "lo"); NULL or "":
    * FI_TCP_IFACE when set, else the first IPv4 interface that is up and not
    * loopback, else loopback. */

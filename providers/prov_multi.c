@@ -240,7 +240,6 @@ static int multi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size
                         .nranks = lsize,
                         .job_id = cfg->job_id,
                         .shm_bounce = cfg->shm_bounce,
-                        .shm_bounce_mapped = cfg->shm_bounce_mapped,
                         .iface = cfg->iface,
                         .sock_sndbuf = cfg->sock_sndbuf};
 
@@ -258,7 +257,6 @@ static int multi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size
                         .nranks = m->nranks,
                         .job_id = cfg->job_id,
                         .shm_bounce = cfg->shm_bounce,
-                        .shm_bounce_mapped = cfg->shm_bounce_mapped,
                         .iface = cfg->iface,
                         .sock_sndbuf = cfg->sock_sndbuf};
 

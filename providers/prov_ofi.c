@@ -122,9 +122,8 @@
 /* Bounce slots: a rendezvous send of up to bounce_max bytes (prov_config_t.
  * shm_bounce, at most OFI_BOUNCE_MAX) from memory peers can not map is first
  * copied into one of these, in a region they can; from memory they can map
- * too when bounce_mapped (prov_config_t.shm_bounce_mapped: ranks outnumber
- * the cores). Each peer maps the whole region at its first bounced message
- * from us.
+ * too when the op asks (PROV_OP_BOUNCE). Each peer maps the whole region at
+ * its first bounced message from us.
  *
  * The region is twice the size of a core's L2 cache (ofi_bounce_region),
  * and each slot's messages move along its share of it, so that a line is
@@ -252,7 +251,6 @@ struct ofi_ep {
   uint32_t bounce_out;                /* slots the receiver hands back by mark */
   int bounce_to[OFI_BOUNCE_SLOTS];    /* ... and to which peer each went */
   size_t bounce_max;                  /* largest message bounced (prov_config_t.shm_bounce) */
-  bool bounce_mapped;                 /* mappable memory bounces too (.shm_bounce_mapped) */
   size_t bounce_slot;                 /* bytes a message takes at most: bounce_max in whole pages */
   size_t bounce_share;                /* bytes of the region each slot moves along */
   size_t bounce_at[OFI_BOUNCE_SLOTS]; /* where in its share a slot's next message goes */
@@ -1019,7 +1017,6 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
     o->bounce_max = cfg->shm_bounce == PROV_BOUNCE_NONE ? 0
                     : cfg->shm_bounce                   ? cfg->shm_bounce
                                                         : OFI_BOUNCE_DEFAULT;
-    o->bounce_mapped = cfg->shm_bounce_mapped;
     if (o->bounce_max > OFI_BOUNCE_MAX)
       o->bounce_max = OFI_BOUNCE_MAX;
     o->bounce_slot = (o->bounce_max + 4095) & ~(size_t)4095;
@@ -1321,7 +1318,7 @@ static void db_track_nap(struct ofi_ep *o, struct ofi_slot *s) {
  *   sender    completes the op when both the descriptor send and the ack
  *             came back, with the receiver's status.
  * A message of up to bounce_max bytes from memory peers can not map (or
- * from any memory, when bounce_mapped) is copied into a bounce slot first,
+ * from any memory, with PROV_OP_BOUNCE) is copied into a bounce slot first,
  * and the op is done once the descriptor left. Then the ack only gives the
  * slot back; when we map the receiver's doorbell page it does not even do
  * that: the descriptor asks for a mark (OFI_DESC_MARK and the slot's
@@ -1396,7 +1393,8 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
   int k;
   s->bounce = s->bounce_mark = 0;
   s->desc.flags = 0;
-  if (o->bounce && len <= o->bounce_max && (o->bounce_mapped || !memreg_lookup(buf, len, &mi)) &&
+  if (o->bounce && len <= o->bounce_max &&
+      ((s->op->flags & PROV_OP_BOUNCE) || !memreg_lookup(buf, len, &mi)) &&
       (k = ofi_bounce_take(o)) >= 0) {
     unsigned char *copy = ofi_bounce_copy(o, k, buf, len);
     buf = copy;

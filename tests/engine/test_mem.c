@@ -241,10 +241,11 @@ static int keep_cpus(int want, bool *shared) {
 
 /* Mapped memory (chorus_mem_alloc) is read where it lies, whatever the
  * size, while ranks have cores of their own; when they outnumber the cores,
- * messages of up to the bounce size are bounced like plain memory's (a
- * sender whose message is read in place waits for the receiver to run; the
- * 8-rank 32 KiB broadcast on 2 cores took 2.7 times as long), larger ones
- * still read in place. arg: "one", both ranks on one CPU, or "two", on two
+ * calls of up to the bounce size are bounced like plain memory's (a sender
+ * whose message is read in place waits for the receiver to run; the 8-rank
+ * 32 KiB broadcast on 2 cores took 2.7 times as long), larger ones still
+ * read in place (coll.c, bounce_call), a 128 KiB allgather's 64 KiB
+ * blocks too. arg: "one", both ranks on one CPU, or "two", on two
  * (one: the machine has one). Rank 0 sends from a chorus_mem_alloc buffer,
  * rank 1 receives into plain memory and checks the path each size took. */
 static int mapped_bounce_rank(int rank, int size, const char *addr, void *arg) {
@@ -290,6 +291,28 @@ static int mapped_bounce_rank(int rank, int size, const char *addr, void *arg) {
     }
     last = st;
   }
+  /* a 128 KiB allgather of 64 KiB blocks is past the bounce size as a call:
+   * rank 0's mapped block is read in place even on one CPU */
+  float *out = malloc(128 << 10);
+  if (!bad && out) {
+    for (int i = 0; i < 16384; i++)
+      ((float *)buf)[i] = (float)(rank * 16384 + i);
+    bad = chorus_allgather(c, buf, out, 16384, CHORUS_FLOAT32) != CHORUS_SUCCESS;
+    for (int i = 0; !bad && i < 32768; i++)
+      bad = out[i] != (float)i;
+    if (bad)
+      fprintf(stderr, "rank %d: allgather wrong: %s\n", rank, chorus_comm_last_error(c));
+    if (!bad && rank == 1 && !prov_ofi_rndv_stats(c->prov, &st) &&
+        (st.mapped_bytes - last.mapped_bytes != (64 << 10) ||
+         st.bounce_bytes != last.bounce_bytes)) {
+      fprintf(stderr, "rank 1: 128 KiB allgather: read in place %llu, bounced %llu\n",
+              (unsigned long long)(st.mapped_bytes - last.mapped_bytes),
+              (unsigned long long)(st.bounce_bytes - last.bounce_bytes));
+      bad = 1;
+    }
+  }
+  bad = bad || !out;
+  free(out);
   if (chorus_comm_destroy(c))
     bad = 1;
   if (rank)
