@@ -1367,8 +1367,7 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
    * at 2 ranks, a 32 KiB allreduce by recursive doubling (one 32 KiB
    * exchange) then beats the ring (two of 16 KiB), 41 us against 60 */
   if (net) {
-    s->intra = s->inter;
-    s->peer_cache = 0;
+    select_over_network(s);
   } else {
     /* over shm a message past the bounce slots is copied by its receiver */
     size_t bounce = comm_shm_bounce(c);

@@ -44,6 +44,11 @@ typedef struct select_ctx {
   /* bytes of a peer's cache a rank may read from (0: its data crosses a
    * wire anyway); see cost_allreduce */
   double peer_cache;
+  /* over a network provider (select_over_network): a 2-rank allreduce
+   * whose rank reduces at most this many bytes reduces each chunk while the
+   * next is on the wire, so only the last chunk's reduction shows; 0: every
+   * byte reduced costs gamma (see cost_allreduce) */
+  double wire_hide;
   int per_core; /* ranks sharing a core (select_share_cores; 0 or 1: none) */
   /* bytes from which a message between ranks of one host is copied by its
    * receiver, out of the sender's buffer (shm's CMA rendezvous; 0: never,
@@ -64,6 +69,11 @@ typedef struct select_ctx {
 int select_init(select_ctx_t *s, const char *overrides, bool deterministic, char *err,
                 size_t errlen);
 void select_fini(select_ctx_t *s);
+
+/* Fits the model to ranks that talk over a network provider (tcp, sock),
+ * on one host or several: every link is the inter-host one, no peer's cache
+ * is read, reductions overlap the wire (wire_hide). */
+void select_over_network(select_ctx_t *s);
 
 /* Fits the model to ranks that outnumber the cores, per_core of them a
  * core (1: nothing changes). */

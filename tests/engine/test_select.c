@@ -193,6 +193,54 @@ Test(select, two_rank_allreduce_by_size) {
   select_fini(&s);
 }
 
+/* Two ranks over a network provider (select_over_network, as coll.c sets
+ * for tcp and sock): the reduction of a vector cut in several chunks hides
+ * behind the wire while what a rank reduces stays within wire_hide, so one
+ * exchange of the whole vector (rd) beats the ring's two up to 2 MiB
+ * (measured over sock and tcp, select.c: SEL_WIRE_HIDE); past it recursive
+ * doubling reduces all of it from memory and the ring takes over. A vector
+ * of one chunk overlaps nothing: there the ring's half reduction counts. */
+Test(select, two_rank_allreduce_over_a_network) {
+  select_ctx_t s;
+  char err[256], why[256];
+  cr_assert_eq(select_init(&s, NULL, false, err, sizeof(err)), 0);
+  cr_assert_eq(s.wire_hide, 0.0);
+  select_over_network(&s);
+  cr_assert_eq(s.intra.alpha, s.inter.alpha);
+  cr_assert_eq(s.intra.beta, s.inter.beta);
+  cr_assert_eq(s.peer_cache, 0.0);
+  cr_assert_gt(s.wire_hide, 0.0);
+  static const struct {
+    size_t chunk, bytes;
+    const char *want;
+  } cases[] = {
+      {512 << 10, 32 << 10, "rd"},  {512 << 10, 512 << 10, "ring"}, {512 << 10, 1 << 20, "rd"},
+      {512 << 10, 2 << 20, "rd"},   {512 << 10, 4 << 20, "ring"},   {512 << 10, 64u << 20, "ring"},
+      {256 << 10, 512 << 10, "rd"}, {256 << 10, 2 << 20, "rd"},     {256 << 10, 4 << 20, "ring"}};
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    algo_args_t a = shape(COLL_ALLREDUCE, 2, cases[i].bytes, NULL);
+    a.chunk_bytes = cases[i].chunk;
+    const algo_desc_t *d = select_algo(&s, &a, why, sizeof(why));
+    cr_assert_str_eq(d->name, cases[i].want, "%zu B in %zu B chunks: %s", cases[i].bytes,
+                     cases[i].chunk, why);
+  }
+  /* the same links without the overlap: the ring from 512 KiB on, as before */
+  s.wire_hide = 0;
+  algo_args_t a = shape(COLL_ALLREDUCE, 2, 2 << 20, NULL);
+  a.chunk_bytes = 512 << 10;
+  cr_assert_str_eq(select_algo(&s, &a, why, sizeof(why))->name, "ring", "%s", why);
+  /* more ranks than two: the overlap changes nothing */
+  const algo_desc_t *ring = algo_find(COLL_ALLREDUCE, "ring");
+  for (int n = 3; n <= 16; n += 13) {
+    algo_args_t b = shape(COLL_ALLREDUCE, n, 2 << 20, NULL);
+    s.wire_hide = 0;
+    double plain = select_cost(&s, ring, &b);
+    select_over_network(&s);
+    cr_assert_eq(select_cost(&s, ring, &b), plain, "%d ranks", n);
+  }
+  select_fini(&s);
+}
+
 /* Ranks sharing cores: every message costs a turn, and the bytes share the
  * core's copies, so at 8 ranks on 2 cores recursive doubling (fewest
  * messages) is kept for small vectors and halving-doubling takes over by
