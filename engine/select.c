@@ -105,7 +105,10 @@
  * calls), 4 MiB 1054 / 1146 / 1552, 8 MiB 2267 / 2200, 16 MiB 5478 / 4613;
  * tcp (256 KiB chunks, 4 rounds of 100): 512 KiB 269 / 304, 2 MiB 945 /
  * 972, 4 MiB 2125 / 1918, 8 MiB 4620 / 4069. Hidden up to 2 MiB reduced
- * (4 MiB would give sock its best but tcp its worst). */
+ * (4 MiB would give sock its best but tcp its worst). A vector of one chunk
+ * overlaps nothing and is charged whole: over sock 512 KiB (one chunk)
+ * still goes to the ring, ~20 us behind rd there (a rendezvous costs more
+ * than the model's alpha); left as it is. */
 #define SEL_WIRE_HIDE (2.0 * 1024 * 1024)
 
 static int sfail(char *err, size_t errlen, const char *fmt, ...) {
