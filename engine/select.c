@@ -424,27 +424,30 @@ static double hier_allreduce(const model_t *m) {
   return intra + inter;
 }
 
+/* gamma for a 2-rank allreduce over a network whose rank reduces `red`
+ * bytes: only the last chunk's reduction shows while red fits in wire_hide
+ * (SEL_WIRE_HIDE); gamma itself elsewhere. */
+static double wire_gamma(const model_t *m, double red) {
+  const double g = m->s->gamma;
+  if (m->n != 2 || m->s->wire_hide <= 0 || red <= 0 || red > m->s->wire_hide)
+    return g;
+  const double chunk = m->a->chunk_bytes ? (double)m->a->chunk_bytes : red;
+  return g * fmin(red, chunk) / red;
+}
+
 static double cost_allreduce(const model_t *m, const char *name) {
   const double n = m->n, N = m->N, g = m->s->gamma;
   const select_link_t f = m->flat;
   /* at 2 ranks ring and rhd alike send back the half they reduced */
   const double hot = n == 2 && m->nhosts <= 1 ? fmin(N / 2, m->s->peer_cache) * f.beta : 0;
-  if (n == 2 && m->s->wire_hide > 0) { /* over a network (SEL_WIRE_HIDE) */
-    /* ring and rhd: an exchange of halves, then one back; rd: one of all */
-    const bool halves = !strcmp(name, "ring") || !strcmp(name, "rhd");
-    if (halves || !strcmp(name, "rd")) {
-      const double red = halves ? N / 2 : N;
-      const double chunk = m->a->chunk_bytes ? (double)m->a->chunk_bytes : red;
-      const double shown = red <= m->s->wire_hide ? fmin(red, chunk) : red;
-      return (halves ? 2 * f.alpha + hot : f.alpha) + N * f.beta + shown * g;
-    }
-  }
+  /* ring and rhd reduce half the vector at 2 ranks, rd all of it */
+  const double gh = wire_gamma(m, N / 2), gw = wire_gamma(m, N);
   if (!strcmp(name, "ring"))
-    return 2 * (n - 1) * f.alpha + 2 * (n - 1) / n * N * f.beta + (n - 1) / n * N * g + hot;
+    return 2 * (n - 1) * f.alpha + 2 * (n - 1) / n * N * f.beta + (n - 1) / n * N * gh + hot;
   if (!strcmp(name, "rd"))
-    return rounds(m, true, whole_vector, g) + fold(m);
+    return rounds(m, true, whole_vector, gw) + fold(m);
   if (!strcmp(name, "rhd"))
-    return rounds(m, true, halving, g) + rounds(m, true, halving, 0) + fold(m) + hot;
+    return rounds(m, true, halving, gh) + rounds(m, true, halving, 0) + fold(m) + hot;
   if (!strcmp(name, "tree"))
     return 2 * rounds(m, true, whole_vector, 0) + ceil_log2((int)n) * N * g;
   if (!strcmp(name, "dbtree"))
