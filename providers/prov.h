@@ -259,6 +259,9 @@ typedef struct prov_ofi_rndv_stats {
   /* bounced messages handed back by marking the sender's slot done in our
    * doorbell page instead of an ack message */
   uint64_t bounce_marks;
+  /* rendezvous messages acked in our doorbell page's ring for their sender
+   * instead of by an ack message */
+  uint64_t ring_acks;
   /* bytes of our bounce region (0: none), and how far into a peer's we
    * read a bounced message (its furthest byte) */
   uint64_t bounce_region, bounce_reach;

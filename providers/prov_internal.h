@@ -36,9 +36,10 @@ void prov_ofi_test_no_backstop(prov_t *p);
 bool prov_ofi_test_pid_dead(int32_t pid);
 
 /* Tests only: the shm doorbell page's layout for a job of nranks: where
- * bounce_done[], taken[] and taken_want[] begin (off[0..2]); returns the
- * bytes the page needs. */
-size_t prov_ofi_test_db_layout(int nranks, size_t off[3]);
+ * bounce_done[], taken[], taken_want[] and ack_ring[] begin (off[0..3]; 0
+ * for ack_ring[] in a job too large to have one); returns the bytes the
+ * page needs. */
+size_t prov_ofi_test_db_layout(int nranks, size_t off[4]);
 
 /* Fuzzing only (tests/fuzz/fuzz_peer_record.c): how the ofi and multi
  * transports decode the address a peer published (its endpoint record's

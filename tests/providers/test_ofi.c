@@ -896,16 +896,17 @@ Test(ofi_shm, fan_in_stops_at_the_window) {
  * (-ENOBUFS); a point-to-point send is held back (-EAGAIN) past half; a
  * collective's send still goes after both. Rank 0 takes nothing until the
  * end. 2 ranks: a window of 48. */
-/* The doorbell page: bounce_done[] and taken[] (written on every bounced
- * message and every receive) each begin a cache line of their own, off the
- * header's line, whose `sleeping` peers read after every post; every array
- * fits in what the page needs. */
+/* The doorbell page: bounce_done[], taken[] and ack_ring[] (written on
+ * every bounced message, every receive and every ring ack) each begin a
+ * cache line of their own, off the header's line, whose `sleeping` peers
+ * read after every post; every array fits in what the page needs. Jobs of
+ * more than 256 ranks have no ack rings. */
 Test(ofi_shm, doorbell_arrays_on_lines_of_their_own) {
-  static const int ns[] = {1, 2, 3, 8, 15, 16, 17, 63, 64, 65, 1000, 4096};
+  static const int ns[] = {1, 2, 3, 8, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1000, 4096};
 
   for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
     const size_t n = (size_t)ns[k], words = (n + 63) / 64;
-    size_t off[3];
+    size_t off[4];
     size_t need = prov_ofi_test_db_layout(ns[k], off);
 
     cr_assert_eq(off[0] % 64, 0, "%zu ranks: bounce_done[] at %zu", n, off[0]);
@@ -916,7 +917,134 @@ Test(ofi_shm, doorbell_arrays_on_lines_of_their_own) {
     cr_assert_geq(off[2], off[1] + n * 4, "%zu ranks: taken_want[] over taken[]", n);
     cr_assert_eq(off[2] % 8, 0, "%zu ranks: taken_want[] at %zu", n, off[2]);
     cr_assert_geq(need, off[2] + words * 8, "%zu ranks: the page needs %zu", n, need);
+    if (n > 256) {
+      cr_assert_eq(off[3], 0, "%zu ranks: ack rings at %zu", n, off[3]);
+      continue;
+    }
+    /* a ring: its head's line, then 16 entries of 16 bytes */
+    cr_assert_eq(off[3] % 64, 0, "%zu ranks: ack_ring[] at %zu", n, off[3]);
+    cr_assert_geq(off[3], off[2] + words * 8, "%zu ranks: ack_ring[] over taken_want[]", n);
+    cr_assert_geq(need, off[3] + n * (64 + 16 * 16), "%zu ranks: the page needs %zu", n, need);
   }
+}
+
+/* Rendezvous acks (128 KiB messages: CMA) come by the receiver's ring in
+ * its doorbell page, not as messages, while at most 16 are due from one
+ * receiver: 24 sends posted before any receive, the first 16 are acked by
+ * ring and the rest by message; once those are read the ring serves again.
+ * Every message arrives intact and every send completes once. */
+Test(ofi_shm, rendezvous_acks_come_by_ring_while_it_has_room) {
+  enum { N = 24, MORE = 4, LEN = 128 << 10 };
+  static pt_op_t s[N + MORE], r[N + MORE];
+  prov_ofi_rndv_stats_t st0, st1;
+  prov_t *ep[2];
+  char err[256] = "";
+
+  cr_assert_eq(pt_open_job("shm", NULL, 2, ep, err, sizeof(err)), 0, "open: %s", err);
+  cr_assert_eq(prov_ofi_rndv_stats(ep[0], &st0), 0);
+  for (int i = 0; i < N + MORE; i++) {
+    pt_op_init(&s[i]);
+    pt_op_init(&r[i]);
+    s[i].buf = malloc(LEN);
+    r[i].buf = malloc(LEN);
+    cr_assert(s[i].buf && r[i].buf);
+    pt_fill(s[i].buf, LEN, 0x5100u + (unsigned)i);
+    memset(r[i].buf, 0, LEN);
+  }
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(pt_send(ep, 2, ep[1], 0, &s[i], LEN, 0x500u + (unsigned)i, 20000), 0,
+                 "send %d: %s", i, ep[1]->last_error);
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(pt_recv(ep, 2, ep[0], 1, &r[i], LEN, 0x500u + (unsigned)i, 20000), 0,
+                 "receive %d: %s", i, ep[0]->last_error);
+  pt_op_t *all[2 * N];
+  for (int i = 0; i < N; i++) {
+    all[2 * i] = &s[i];
+    all[2 * i + 1] = &r[i];
+  }
+  cr_assert(pt_drive(ep, 2, all, 2 * N, 20000), "the %d messages never all went through", N);
+  cr_assert_eq(prov_ofi_rndv_stats(ep[0], &st1), 0);
+  cr_assert_eq(st1.ring_acks - st0.ring_acks, 16, "%llu of %d acked by ring",
+               (unsigned long long)(st1.ring_acks - st0.ring_acks), N);
+  /* one at a time: each finds the ring read and empty again */
+  for (int i = N; i < N + MORE; i++) {
+    pt_op_t *two[2] = {&s[i], &r[i]};
+    cr_assert_eq(pt_recv(ep, 2, ep[0], 1, &r[i], LEN, 0x500u + (unsigned)i, 20000), 0);
+    cr_assert_eq(pt_send(ep, 2, ep[1], 0, &s[i], LEN, 0x500u + (unsigned)i, 20000), 0);
+    cr_assert(pt_drive(ep, 2, two, 2, 20000), "message %d never went through", i);
+  }
+  cr_assert_eq(prov_ofi_rndv_stats(ep[0], &st1), 0);
+  cr_assert_eq(st1.ring_acks - st0.ring_acks, 16 + MORE);
+  cr_assert_eq(st1.cma_bytes - st0.cma_bytes, (uint64_t)(N + MORE) * LEN);
+  for (int i = 0; i < N + MORE; i++) {
+    cr_assert_eq(s[i].calls, 1, "send %d completed %d times", i, s[i].calls);
+    cr_assert_eq(r[i].calls, 1, "receive %d completed %d times", i, r[i].calls);
+    cr_assert_eq(s[i].status, 0, "send %d: %d", i, s[i].status);
+    cr_assert_eq(r[i].status, 0, "receive %d: %d", i, r[i].status);
+    cr_assert_eq(r[i].len, (size_t)LEN);
+    cr_assert_eq(pt_check(r[i].buf, LEN, 0x5100u + (unsigned)i), (size_t)-1,
+                 "message %d: wrong data", i);
+    free(s[i].buf);
+    free(r[i].buf);
+  }
+  pt_close_job(ep, 2);
+}
+
+/* A rendezvous send whose ack is due by ring ends on cancel (-ECANCELED) at
+ * the next progress, once. The receiver then still takes the message and
+ * acks it in the ring: that late ack must not end the next send, which took
+ * the same slot; that one completes on its own ack, and its data arrives. */
+Test(ofi_shm, a_cancelled_send_ignores_its_late_ring_ack) {
+  enum { LEN = 128 << 10 };
+  static pt_op_t a, b, ra, rb;
+  prov_ofi_rndv_stats_t st;
+  prov_t *ep[2];
+  char err[256] = "";
+  void *abuf = malloc(LEN), *bbuf = malloc(LEN), *rabuf = malloc(LEN), *rbbuf = malloc(LEN);
+
+  cr_assert(abuf && bbuf && rabuf && rbbuf);
+  cr_assert_eq(pt_open_job("shm", NULL, 2, ep, err, sizeof(err)), 0, "open: %s", err);
+  pt_op_init(&a);
+  pt_op_init(&b);
+  pt_op_init(&ra);
+  pt_op_init(&rb);
+  pt_fill(abuf, LEN, 0xa);
+  pt_fill(bbuf, LEN, 0xb);
+  a.buf = abuf;
+  b.buf = bbuf;
+  ra.buf = rabuf;
+  rb.buf = rbbuf;
+  cr_assert_eq(pt_send(ep, 2, ep[1], 0, &a, LEN, 0x600, 20000), 0, "%s", ep[1]->last_error);
+  for (int k = 0; k < 20; k++)
+    ep[1]->ops->progress(ep[1]);
+  cr_assert_eq(a.calls, 0, "the send completed with nobody receiving it");
+  cr_assert_eq(ep[1]->ops->cancel(ep[1], &a.op), 0);
+  pt_op_t *one[1] = {&a};
+  cr_assert(pt_drive(&ep[1], 1, one, 1, 5000), "the cancelled send never ended");
+  cr_assert_eq(a.status, -ECANCELED, "cancelled send: %d", a.status);
+  cr_assert_eq(pt_send(ep, 2, ep[1], 0, &b, LEN, 0x601, 20000), 0, "%s", ep[1]->last_error);
+  /* the old descriptor is taken and acked first */
+  cr_assert_eq(pt_recv(ep, 2, ep[0], 1, &ra, LEN, 0x600, 20000), 0);
+  pt_op_t *old[1] = {&ra};
+  cr_assert(pt_drive(&ep[0], 1, old, 1, 5000), "the cancelled send's message never came");
+  for (int k = 0; k < 20; k++)
+    ep[1]->ops->progress(ep[1]);
+  cr_assert_eq(b.calls, 0, "the next send ended on the cancelled one's ack");
+  cr_assert_eq(pt_recv(ep, 2, ep[0], 1, &rb, LEN, 0x601, 20000), 0);
+  pt_op_t *rest[2] = {&b, &rb};
+  cr_assert(pt_drive(ep, 2, rest, 2, 20000), "the next send never went through");
+  cr_assert_eq(b.status, 0, "send: %d", b.status);
+  cr_assert_eq(rb.status, 0, "receive: %d", rb.status);
+  cr_assert_eq(pt_check(rbbuf, LEN, 0xb), (size_t)-1, "wrong data after the cancel");
+  cr_assert_eq(a.calls, 1, "the cancelled send completed %d times", a.calls);
+  cr_assert_eq(b.calls, 1, "the next send completed %d times", b.calls);
+  cr_assert_eq(prov_ofi_rndv_stats(ep[0], &st), 0);
+  cr_assert_eq(st.ring_acks, 2, "%llu ring acks", (unsigned long long)st.ring_acks);
+  pt_close_job(ep, 2);
+  free(abuf);
+  free(bbuf);
+  free(rabuf);
+  free(rbbuf);
 }
 
 /* A sender reads the peer's count of the messages it took only when the
