@@ -2128,6 +2128,12 @@ static void ofi_rndv_acked(struct ofi_ep *o, struct ofi_slot *s, unsigned char w
   ofi_deliver(o, s, s->rndv_status, s->len);
 }
 
+/* Peer p's ring of acks for us, when some are due from it; else NULL. */
+static struct ofi_ack_ring *ofi_ack_ring_due(struct ofi_ep *o, int p) {
+  const struct ofi_db_peer *d = &o->db_peers[p];
+  return d->ack_out ? db_ack_ring(d->page, d->page_len, o->nranks, o->rank) : NULL;
+}
+
 /* Reads the acks our peers put in their rings for us (every peer with acks
  * due), and ends the sends whose ring acks were cancelled. Returns the sends
  * it ended. */
@@ -2136,9 +2142,9 @@ static int ofi_ack_rings_read(struct ofi_ep *o) {
 
   for (int p = 0; o->ack_out && p < o->nranks; p++) {
     struct ofi_db_peer *d = &o->db_peers[p];
-    struct ofi_ack_ring *r;
+    struct ofi_ack_ring *r = ofi_ack_ring_due(o, p);
 
-    if (!d->ack_out || !(r = db_ack_ring(d->page, d->page_len, o->nranks, o->rank)))
+    if (!r)
       continue;
     /* d->ack_tail moves before each delivery: a callback may progress again */
     while (d->ack_tail != atomic_load_explicit(&r->head, memory_order_acquire) && d->ack_out) {
@@ -2177,11 +2183,9 @@ static bool ofi_ack_rings_ready(struct ofi_ep *o) {
   if (o->ring_cancels)
     return true;
   for (int p = 0; o->ack_out && p < o->nranks; p++) {
-    struct ofi_db_peer *d = &o->db_peers[p];
-    struct ofi_ack_ring *r;
+    struct ofi_ack_ring *r = ofi_ack_ring_due(o, p);
 
-    if (d->ack_out && (r = db_ack_ring(d->page, d->page_len, o->nranks, o->rank)) &&
-        d->ack_tail != atomic_load_explicit(&r->head, memory_order_acquire))
+    if (r && o->db_peers[p].ack_tail != atomic_load_explicit(&r->head, memory_order_acquire))
       return true;
   }
   return false;
