@@ -1506,27 +1506,20 @@ static int ofi_post_rndv_send(struct ofi_ep *o, struct ofi_slot *s, const void *
     s->rndv_pending |= OFI_RNDV_RING;
     dp->ack_out++;
     o->ack_out++;
-    if (o->wait == OFI_WAIT_DOORBELL)
-      db_ring_if_sleeping(o, s->peer);
-    return 0;
-  }
-  if (s->bounce_mark) {
-    /* done when the descriptor left: the data is in the slot */
-    if (o->wait == OFI_WAIT_DOORBELL)
-      db_ring_if_sleeping(o, s->peer);
-    return 0;
-  }
-  /* The ack may already be on its way: libfabric keeps it as unexpected
-   * until this receive is posted. The pool sizes keep room for it. */
-  rc = fi_trecv(o->ep, &s->ack_status, sizeof(s->ack_status), NULL,
-                o->directed ? o->peers[s->peer] : FI_ADDR_UNSPEC,
-                OFI_TAG_ACK | (s->desc.cookie & ~OFI_TAG_ACK), 0, &s->ack_fctx);
-  if (rc) {
-    ofi_seterr(o, "rendezvous to rank %d: posting the ack receive failed: %s", s->peer,
-               fi_strerror((int)-rc));
-    s->rndv_status = -EIO;
-  } else {
-    s->rndv_pending |= OFI_RNDV_ACK;
+  } else if (!s->bounce_mark) {
+    /* (marked: done when the descriptor left, the data is in the slot) The
+     * ack may already be on its way: libfabric keeps it as unexpected until
+     * this receive is posted. The pool sizes keep room for it. */
+    rc = fi_trecv(o->ep, &s->ack_status, sizeof(s->ack_status), NULL,
+                  o->directed ? o->peers[s->peer] : FI_ADDR_UNSPEC,
+                  OFI_TAG_ACK | (s->desc.cookie & ~OFI_TAG_ACK), 0, &s->ack_fctx);
+    if (rc) {
+      ofi_seterr(o, "rendezvous to rank %d: posting the ack receive failed: %s", s->peer,
+                 fi_strerror((int)-rc));
+      s->rndv_status = -EIO;
+    } else {
+      s->rndv_pending |= OFI_RNDV_ACK;
+    }
   }
   if (o->wait == OFI_WAIT_DOORBELL)
     db_ring_if_sleeping(o, s->peer);
