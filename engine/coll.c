@@ -759,8 +759,9 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
  * The buffer serves one live request at a time; another call meanwhile
  * runs on its own buffers, as does every call when a region can not be
  * made. Staged or not is each rank's own choice: it changes where the data
- * lies, not the schedule. With ranks on cores of their own only sends of
- * at least STAGE_ALONE_MIN bytes are staged (STAGE_SEND).
+ * lies, not the schedule. With ranks on cores of their own only allgather
+ * blocks of at least STAGE_ALONE_BLOCK_MIN bytes and broadcasts of at least
+ * STAGE_ALONE_MIN are staged (STAGE_SEND).
  *
  * 8 ranks on 2 cores, float32, interleaved rounds, medians, staged / not
  * (CHORUS_SHM_STAGE=0) / Open MPI: allreduce (4 rounds) 128 KiB 462 / 533 /
@@ -773,10 +774,11 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
  * buffer, copied out whole (128 KiB 131 against 121 us sending from it, 512
  * KiB 244 / 186, 2 MiB 1306 / 419); a broadcast staged at every rank (2
  * MiB: 910 us against 716 unstaged). With ranks on cores of their own,
- * only large sends: below the size of the caches the copy in rewrites
- * lines the peer then pulls from the other core, where CMA read a send
- * buffer the benchmark never rewrites (2 ranks, 2 MiB: allreduce 583 us
- * staged, 158 not; allgather 289 against 77; see STAGE_ALONE_MIN).
+ * no allreduce, and only a broadcast past the caches: the copy in
+ * rewrites lines the peer then pulls from the other core, where CMA reads
+ * a send buffer the benchmark never rewrites (2 ranks, 2 MiB: allreduce
+ * 583 us staged, 158 not; see STAGE_ALONE_MIN). An allgather's copies in
+ * run on both sides at once: see STAGE_ALONE_BLOCK_MIN.
  */
 typedef enum { STAGE_NONE, STAGE_ALL, STAGE_SEND } stage_mode;
 
@@ -786,15 +788,36 @@ typedef enum { STAGE_NONE, STAGE_ALL, STAGE_SEND } stage_mode;
  * does not shrink with it). */
 #define STAGE_ALLREDUCE_MAX ((size_t)16 << 20)
 
-/* With ranks on cores of their own, only a broadcast root's data or an
- * allgather block of at least this is staged: past the caches, a copy in
- * and a copy out of the mapping beat the peer's CMA copy, which pins every
- * page. 2 ranks, 4 interleaved rounds, total sizes, unstaged / staged /
- * Open MPI: allgather 4 MiB 230 / 531 / 225 us, 8 MiB 546 / 1050 / 428, 16
- * MiB 1470 / 1216 / 1328, 32 MiB 3707 / 2781 / 3896, 64 MiB (6 rounds)
- * 6.85 / 4.85 / 5.93 ms; broadcast 4 MiB 299 / 769 / 343 us, 8 MiB 680 /
- * 651 / 776, 16 MiB 2082 / 1396 / 2477, 32 MiB 5241 / 3800 / 6727. */
+/* With ranks on cores of their own, a broadcast root's data is staged from
+ * this size: past the caches, a copy in and a copy out of the mapping beat
+ * the peer's CMA copy, which pins every page. 2 ranks, 4 interleaved
+ * rounds, unstaged / staged / Open MPI: 4 MiB 299 / 769 / 343 us, 8 MiB
+ * 680 / 651 / 776, 16 MiB 2082 / 1396 / 2477, 32 MiB 5241 / 3800 / 6727
+ * (2026-12-03; on 2026-12-04 2 MiB and below still lost staged: 1 MiB
+ * 1.15 and 2 MiB 1.12 times Open MPI's speed against 1.22 and 1.28
+ * unstaged, 7 rounds each). */
 #define STAGE_ALONE_MIN ((size_t)8 << 20)
+
+/* An allgather's own block, from this size (past the bounce slots): each
+ * rank copies its block in while the peer does the same, so the copy in
+ * costs no waiting, and a copy out of the mapping is cheaper than the
+ * kernel's (no page pinned, no system call, glibc's vector copy in
+ * blocks). 2-rank allgathers, total sizes, 7 or 9 interleaved rounds of
+ * 300 calls, medians, CMA / staged / Open MPI, 2026-12-04, in seconds when
+ * the two cores shared a line in ~450 ns a round trip (a two-process
+ * probe; ~100 ns in fast seconds): 256 KiB 15.5 / 14.7 / 12.6 us, 512 KiB
+ * 27.7 / 26.6 / 22.8, 1 MiB 70.6 / 42.2 / 60.8, 2 MiB 106.8 / 108.4 /
+ * 103.8, 4 MiB 252 / 184 / 236, 8 MiB 553 / 504 / 555; at ~100-175 ns, 2
+ * MiB 134.6 / 89.6 / 130.0, and the median ratio to Open MPI's time from
+ * 256 KiB to 8 MiB 0.72 / 0.84 / 0.95 / 0.99 / 0.95 / 0.98 by CMA against
+ * 0.90 / 1.08 / 1.37 / 1.49 / 1.01 / 1.10 staged. The slow seconds did not
+ * turn it (a line a copy in rewrites was read by the peer a call before);
+ * writing every other call to the other half of a buffer twice the block
+ * changed nothing (2 MiB: 108.6 against 106.5 us). At 64 KiB blocks,
+ * bounced by the transport either way, staging lost (8.6 against 8.3
+ * us). Tried before the copies went in blocks (memcopy.h): 2 MiB 289
+ * against 77 us, which had kept this at 8 MiB. */
+#define STAGE_ALONE_BLOCK_MIN ((size_t)128 << 10)
 
 /* How k runs staged, and the buffer it takes (*need bytes, allocated). */
 static stage_mode stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro,
@@ -812,7 +835,7 @@ static stage_mode stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_
     /* what is sent from the buffer: the own block, or the root's data */
     if (k->coll == COLL_ALLGATHER)
       *need = ro->send_bytes;
-    if (shared || *need >= STAGE_ALONE_MIN)
+    if (shared || *need >= (k->coll == COLL_ALLGATHER ? STAGE_ALONE_BLOCK_MIN : STAGE_ALONE_MIN))
       mode = STAGE_SEND;
   }
   memreg_info_t mi;

@@ -89,7 +89,8 @@ static const struct setting settings_table[] = {
      "shm: size of the communicator's mappable staging buffer, the largest broadcast, allgather "
      "block or allreduce (at most 16M) from memory peers can not map that is copied into it so "
      "that peers read it in place instead of by CMA; only past CHORUS_SHM_BOUNCE, when ranks "
-     "outnumber cores; with ranks on cores of their own, broadcasts and allgather blocks from 8M; "
+     "outnumber cores; with ranks on cores of their own, allgather blocks from 128K and "
+     "broadcasts from 8M; "
      "0 = never",
      FIELD(shm_stage), 0, 1099511627776.0},
     {"CHORUS_MAX_POSTED", SET_COUNT, "256", "sends and receives in flight per rank",

@@ -682,9 +682,10 @@ Test(mem, staging_off_or_past_its_limit_goes_by_cma) {
 }
 
 /* With ranks on cores of their own (two ranks, two CPUs), only an allgather
- * block or a broadcast root's data of at least 8 MiB is staged; less goes
- * by CMA, as does everything with CHORUS_SHM_STAGE=0. On a one-CPU machine
- * the ranks share it and every size is staged. arg: "alone" or "off". */
+ * block of at least 128 KiB or a broadcast root's data of at least 8 MiB is
+ * staged; less goes by CMA, as does everything with CHORUS_SHM_STAGE=0. On
+ * a one-CPU machine the ranks share it and every size is staged. arg:
+ * "alone" or "off". */
 static int alone_step(chorus_comm_t *c, int rank, int size, bool bcast, size_t n, bool want_mapped,
                       const char *what) {
   float *in = malloc(n * sizeof(float)), *out = malloc((size_t)size * n * sizeof(float));
@@ -732,7 +733,10 @@ static int alone_rank(int rank, int size, const char *addr, void *arg) {
   }
   const size_t mib = 1u << 18; /* floats */
   int bad = alone_step(c, rank, size, false, 8 * mib, on, "allgather 2 x 8 MiB");
-  bad = bad || alone_step(c, rank, size, false, mib, on && shared, "allgather 2 x 1 MiB");
+  bad = bad || alone_step(c, rank, size, false, mib, on, "allgather 2 x 1 MiB");
+  bad = bad || alone_step(c, rank, size, false, mib / 8, on, "allgather 2 x 128 KiB");
+  /* past the bounce slots (64 KiB), below the staged blocks */
+  bad = bad || alone_step(c, rank, size, false, 3 * mib / 32, on && shared, "allgather 2 x 96 KiB");
   bad = bad || alone_step(c, rank, size, true, 8 * mib, on, "bcast 8 MiB");
   bad = bad || alone_step(c, rank, size, true, 4 * mib, on && shared, "bcast 4 MiB");
   if (chorus_comm_destroy(c))
@@ -740,7 +744,7 @@ static int alone_rank(int rank, int size, const char *addr, void *arg) {
   return bad;
 }
 
-Test(mem, ranks_on_cores_of_their_own_stage_only_large_sends) {
+Test(mem, ranks_on_cores_of_their_own_stage_allgather_blocks_and_large_broadcasts) {
   const char *envs[] = {"CHORUS_PROVIDER=shm", NULL};
   mp_result_t r = mp_run(2, alone_rank, "alone", 120, envs);
   cr_assert_eq(r.timed_out, 0);
