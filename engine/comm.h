@@ -170,6 +170,7 @@ struct chorus_comm {
   size_t chunk_bytes;           /* pipeline chunk of this communicator's plans (coll.c) */
   size_t bcast_chunk_bytes;     /* that of broadcasts (coll.c) */
   size_t allgather_chunk_bytes; /* that of allgathers (coll.c) */
+  size_t allgather_chunks;      /* if not 0, allgather chunks grow to a block / this (coll.c) */
   void *stage;                  /* mappable staging buffer (coll.c, "Staging"), or NULL */
   size_t stage_bytes;           /* its size */
   bool stage_busy;              /* a live request runs in it */
@@ -244,6 +245,9 @@ void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake);
  * communicator coll_comm_init never saw); coll_comm_drop_queued fails the
  * requests of c still queued in this thread's open group (destroy). */
 chorus_result coll_comm_init(chorus_comm_t *c);
+/* The pipeline chunk of a call of kind coll (coll_kind) whose block (an
+ * allgather's: what each rank gives) is `block` bytes (coll.c). */
+size_t coll_call_chunk(const chorus_comm_t *c, int coll, size_t block);
 /* Ranks on this rank's machine per core it may run on, rounded up; 1 when
  * they do not outnumber the cores (selection, chunking, shm bouncing). */
 int coll_ranks_per_core(const chorus_comm_t *c);

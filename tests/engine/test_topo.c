@@ -422,24 +422,58 @@ Test(topo, provider_choice) {
   cr_assert_eq(r.failed, 0, "one host");
 }
 
-/* arg: "CHUNK BCAST_CHUNK ALLGATHER_CHUNK" the communicator should pick */
+/* An allgather of blocks of 5 MiB and 12 bytes (over sock in chunks of an
+ * eighth of that, rounded to 64 bytes: the last one shorter), checked. */
+static int large_allgather(chorus_comm_t *c, int rank, int size) {
+  const size_t n = (5u << 20) / 4 + 3;
+  int32_t *mine = malloc(n * sizeof(int32_t)), *all = malloc((size_t)size * n * sizeof(int32_t));
+  int bad = !mine || !all;
+  for (size_t i = 0; i < n && !bad; i++)
+    mine[i] = (int32_t)(rank * 7919 + (int)(i % 100003));
+  chorus_result rc = bad ? CHORUS_ERR_NO_MEMORY : chorus_allgather(c, mine, all, n, CHORUS_INT32);
+  if (rc) {
+    fprintf(stderr, "rank %d: allgather of 5 MiB blocks: %s\n", rank, chorus_comm_last_error(c));
+    bad = 1;
+  }
+  for (int r = 0; r < size && !bad; r++)
+    for (size_t i = 0; i < n && !bad; i++)
+      if (all[(size_t)r * n + i] != (int32_t)(r * 7919 + (int)(i % 100003))) {
+        fprintf(stderr, "rank %d: allgather block %d element %zu is %d\n", rank, r, i,
+                (int)all[(size_t)r * n + i]);
+        bad = 1;
+      }
+  free(mine);
+  free(all);
+  return bad;
+}
+
+/* arg: "CHUNK BCAST_CHUNK ALLGATHER_CHUNK ALLGATHER_32M" the communicator
+ * should pick; the last is the chunk of an allgather of 32 MiB blocks (that
+ * of 1 MiB blocks is ALLGATHER_CHUNK) */
 static int chunk_rank(int rank, int size, const char *addr, void *arg) {
   chorus_comm_t *c;
-  size_t want, want_bcast, want_ag;
+  size_t want, want_bcast, want_ag, want_ag32;
 
-  if (sscanf((const char *)arg, "%zu %zu %zu", &want, &want_bcast, &want_ag) != 3)
+  if (sscanf((const char *)arg, "%zu %zu %zu %zu", &want, &want_bcast, &want_ag, &want_ag32) != 4)
     return 1;
   if (chorus_comm_init(&c, rank, size, addr)) {
     fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
     return 1;
   }
+  size_t ag1 = coll_call_chunk(c, COLL_ALLGATHER, 1u << 20);
+  size_t ag32 = coll_call_chunk(c, COLL_ALLGATHER, 32u << 20);
   int bad = c->chunk_bytes != want || c->bcast_chunk_bytes != want_bcast ||
-            c->allgather_chunk_bytes != want_ag;
+            c->allgather_chunk_bytes != want_ag || ag1 != want_ag || ag32 != want_ag32 ||
+            coll_call_chunk(c, COLL_BCAST, 32u << 20) != want_bcast ||
+            coll_call_chunk(c, COLL_ALLREDUCE, 32u << 20) != want;
   if (bad)
-    fprintf(stderr, "rank %d over %s: chunks %zu, bcast %zu, allgather %zu; want %zu, %zu, %zu\n",
+    fprintf(stderr,
+            "rank %d over %s: chunks %zu, bcast %zu, allgather %zu (1 MiB blocks %zu, 32 MiB "
+            "%zu); want %zu, %zu, %zu, %zu\n",
             rank, chorus_comm_provider(c), c->chunk_bytes, c->bcast_chunk_bytes,
-            c->allgather_chunk_bytes, want, want_bcast, want_ag);
+            c->allgather_chunk_bytes, ag1, ag32, want, want_bcast, want_ag, want_ag32);
   bad |= allreduce_case(c, rank, size, 300000, CHORUS_INT32, CHORUS_SUM, 0);
+  bad |= large_allgather(c, rank, size);
   bad |= chorus_comm_destroy(c) != CHORUS_SUCCESS;
   return bad;
 }
@@ -457,7 +491,8 @@ static int chunk_rank_one_core(int rank, int size, const char *addr, void *arg) 
 }
 
 /* Default chunks by transport: 256 KiB over shm, broadcasts in 4 MiB over
- * libfabric's tcp, and 512 KiB for everything over sock (a rendezvous a chunk);
+ * libfabric's tcp, and 512 KiB for everything over sock (a rendezvous a chunk),
+ * where an allgather's grow to an eighth of its block;
  * a CHORUS_CHUNK_BYTES the user set is kept for everything. Ranks that
  * share a core take chunks larger by ranks per core, and broadcasts 4 MiB.
  * Two ranks over shm take 4 MiB chunks for everything (nothing forwarded,
@@ -468,21 +503,21 @@ Test(topo, chunk_defaults_by_transport) {
   const char *tcp[] = {"CHORUS_PROVIDER=tcp", NULL};
   const char *sock[] = {"CHORUS_PROVIDER=sock", NULL};
   const char *sock_set[] = {"CHORUS_PROVIDER=sock", "CHORUS_CHUNK_BYTES=128K", NULL};
-  mp_result_t r = mp_run(2, chunk_rank, "4194304 4194304 4194304", 120, shm);
+  mp_result_t r = mp_run(2, chunk_rank, "4194304 4194304 4194304 4194304", 120, shm);
   cr_assert_eq(r.failed, 0, "shm");
-  r = mp_run(2, chunk_rank, "131072 131072 131072", 120, shm_set);
+  r = mp_run(2, chunk_rank, "131072 131072 131072 131072", 120, shm_set);
   cr_assert_eq(r.failed, 0, "shm, chunk set");
-  r = mp_run(2, chunk_rank, "262144 4194304 262144", 120, tcp);
+  r = mp_run(2, chunk_rank, "262144 4194304 262144 262144", 120, tcp);
   cr_assert_eq(r.failed, 0, "tcp");
-  r = mp_run(2, chunk_rank, "524288 524288 524288", 120, sock);
+  r = mp_run(2, chunk_rank, "524288 524288 524288 4194304", 120, sock);
   cr_assert_eq(r.failed, 0, "sock");
-  r = mp_run(2, chunk_rank, "131072 131072 131072", 120, sock_set);
+  r = mp_run(2, chunk_rank, "131072 131072 131072 131072", 120, sock_set);
   cr_assert_eq(r.failed, 0, "sock, chunk set");
-  r = mp_run(2, chunk_rank_one_core, "4194304 4194304 4194304", 120, shm);
+  r = mp_run(2, chunk_rank_one_core, "4194304 4194304 4194304 4194304", 120, shm);
   cr_assert_eq(r.failed, 0, "shm, two ranks on one core");
-  r = mp_run(3, chunk_rank_one_core, "786432 4194304 4194304", 120, shm);
+  r = mp_run(3, chunk_rank_one_core, "786432 4194304 4194304 4194304", 120, shm);
   cr_assert_eq(r.failed, 0, "shm, three ranks on one core");
-  r = mp_run(3, chunk_rank_one_core, "131072 131072 131072", 120, shm_set);
+  r = mp_run(3, chunk_rank_one_core, "131072 131072 131072 131072", 120, shm_set);
   cr_assert_eq(r.failed, 0, "shm, three ranks on one core, chunk set");
 }
 
