@@ -423,7 +423,7 @@ Test(topo, provider_choice) {
 }
 
 /* An allgather of blocks of 5 MiB and 12 bytes (over sock in chunks of an
- * eighth of that, rounded to 64 bytes: the last one shorter), checked. */
+ * eighth of that, rounded up to 64 bytes: the last one shorter), checked. */
 static int large_allgather(chorus_comm_t *c, int rank, int size) {
   const size_t n = (5u << 20) / 4 + 3;
   int32_t *mine = malloc(n * sizeof(int32_t)), *all = malloc((size_t)size * n * sizeof(int32_t));
@@ -466,6 +466,12 @@ static int chunk_rank(int rank, int size, const char *addr, void *arg) {
             c->allgather_chunk_bytes != want_ag || ag1 != want_ag || ag32 != want_ag32 ||
             coll_call_chunk(c, COLL_BCAST, 32u << 20) != want_bcast ||
             coll_call_chunk(c, COLL_ALLREDUCE, 32u << 20) != want;
+  /* where they grow, a block that does not divide takes 8 chunks too, of whole lines */
+  const size_t odd = (5u << 20) + 12, ag_odd = coll_call_chunk(c, COLL_ALLGATHER, odd);
+  if (want_ag32 > want_ag && (ag_odd * 8 < odd || ag_odd % 64 || ag_odd * 7 >= odd)) {
+    fprintf(stderr, "rank %d: allgather of %zu-byte blocks in chunks of %zu\n", rank, odd, ag_odd);
+    bad = 1;
+  }
   if (bad)
     fprintf(stderr,
             "rank %d over %s: chunks %zu, bcast %zu, allgather %zu (1 MiB blocks %zu, 32 MiB "
