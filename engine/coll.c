@@ -926,17 +926,17 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
   const stage_mode staged = multi ? STAGE_NONE : stage_plan(c, k, &ro, &stage_need);
   if (staged)
     inplace = staged == STAGE_ALL;
-  sh.a =
-      (algo_args_t){.coll = k->coll,
-                    .rank = c->rank,
-                    .nranks = c->size,
-                    .root = coll_rooted(k->coll) ? k->root : 0,
-                    .count = count,
-                    .dtype = k->dtype,
-                    .op = coll_reduces(k->coll) ? k->op : CHORUS_SUM,
-                    .inplace = multi || inplace,
-                    .chunk_bytes = coll_call_chunk(c, k->coll, count * chorus_dtype_size(k->dtype)),
-                    .topo = c->topo};
+  const size_t chunk = coll_call_chunk(c, k->coll, count * chorus_dtype_size(k->dtype));
+  sh.a = (algo_args_t){.coll = k->coll,
+                       .rank = c->rank,
+                       .nranks = c->size,
+                       .root = coll_rooted(k->coll) ? k->root : 0,
+                       .count = count,
+                       .dtype = k->dtype,
+                       .op = coll_reduces(k->coll) ? k->op : CHORUS_SUM,
+                       .inplace = multi || inplace,
+                       .chunk_bytes = chunk,
+                       .topo = c->topo};
   const algo_desc_t *d = sel_memo_find(c, &sh.a);
   if (!d) {
     d = select_algo(&c->sel, &sh.a, eng_log_level >= ENG_DEBUG ? why : NULL, sizeof(why));
