@@ -627,8 +627,8 @@ static chorus_result compile(chorus_comm_t *c, const coll_call_t *k, const coll_
 static bool slot_is(const comm_plan_slot_t *s, const coll_shape_t *sh) {
   return s->plan && s->coll == (int)sh->a.coll && s->algo == sh->d && s->count == sh->a.count &&
          s->dtype == sh->a.dtype && s->op == sh->a.op && s->root == sh->a.root &&
-         s->inplace == sh->a.inplace && s->chunk_bytes == sh->a.chunk_bytes &&
-         s->nmulti == sh->nmulti &&
+         s->inplace == sh->a.inplace && s->own_placed == sh->a.own_placed &&
+         s->chunk_bytes == sh->a.chunk_bytes && s->nmulti == sh->nmulti &&
          (!sh->nmulti || !memcmp(s->mcounts, sh->mcounts, (size_t)sh->nmulti * sizeof(size_t)));
 }
 
@@ -682,6 +682,7 @@ static chorus_result plan_get(chorus_comm_t *c, const coll_call_t *k, const coll
                                .op = sh->a.op,
                                .root = sh->a.root,
                                .inplace = sh->a.inplace,
+                               .own_placed = sh->a.own_placed,
                                .chunk_bytes = sh->a.chunk_bytes,
                                .mcounts = mc,
                                .nmulti = sh->nmulti,
@@ -877,8 +878,13 @@ static void stage_begin(chorus_comm_t *c, const coll_call_t *k, stage_mode mode,
   unsigned char *st = c->stage;
   r->staged = true;
   c->stage_busy = true;
-  if (mode == STAGE_SEND) { /* sent from the buffer; the plan fills recvbuf */
-    memcopy(st, k->sendbuf, need);
+  if (mode == STAGE_SEND) {
+    /* sent from the buffer; the plan fills recvbuf, but for an allgather's
+     * own block, copied into place on the way (own_placed) */
+    if (k->coll == COLL_ALLGATHER)
+      memcopy_twice(st, (unsigned char *)k->recvbuf + (size_t)c->rank * need, k->sendbuf, need);
+    else
+      memcopy(st, k->sendbuf, need);
     r->sendbuf = st;
     r->recvbuf = k->recvbuf;
     return;
@@ -935,6 +941,8 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
                        .dtype = k->dtype,
                        .op = coll_reduces(k->coll) ? k->op : CHORUS_SUM,
                        .inplace = multi || inplace,
+                       /* staging copies the own block into place too */
+                       .own_placed = staged == STAGE_SEND && k->coll == COLL_ALLGATHER,
                        .chunk_bytes = chunk,
                        .topo = c->topo};
   const algo_desc_t *d = sel_memo_find(c, &sh.a);

@@ -33,6 +33,7 @@ typedef struct comm_plan_slot {
   chorus_op op;
   int root;
   bool inplace;
+  bool own_placed;
   size_t chunk_bytes;
   size_t *mcounts;  /* fused allreduce: its counts (owned), else NULL */
   int nmulti;       /* fused allreduce: number of buffers, else 0 */

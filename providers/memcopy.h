@@ -121,4 +121,28 @@ static inline void memcopy(void *dst, const void *src, size_t n) {
   memcopy_pieces(d, s, n, MEMCOPY_PIECE);
 }
 
+/* An allgather's own block, staged (engine/coll.c): n bytes of s into both
+ * d1 and d2, reading s once. Block by block, into d1, then from d1, still
+ * in the core's L2, into d2 (d2 == s, in place: into d1 only). Against a
+ * copy into d1 and a second from d1 once the whole block was in: 2-rank
+ * allgathers over shm, 7 interleaved rounds of 300 calls, medians,
+ * 2026-12-04, 2 MiB 88.4 against 109.2 us (Open MPI 103.0); 5 rounds, 8
+ * ranks on 2 cores 2 MiB 413 against 502, 2 ranks 64 MiB 6.2 against 6.8 ms. */
+#define MEMCOPY_TWICE_BLOCK (64u << 10)
+
+static inline void memcopy_twice(void *d1, void *d2, const void *s, size_t n) {
+  unsigned char *a = d1, *b = d2;
+  const unsigned char *src = s;
+
+  if (d2 == s) {
+    memcopy(d1, s, n);
+    return;
+  }
+  for (size_t o = 0; o < n; o += MEMCOPY_TWICE_BLOCK) {
+    size_t k = n - o < MEMCOPY_TWICE_BLOCK ? n - o : MEMCOPY_TWICE_BLOCK;
+    memcopy(a + o, src + o, k);
+    memcopy(b + o, a + o, k);
+  }
+}
+
 #endif

@@ -110,7 +110,7 @@ bool algo_bcast_begin(const algo_args_t *a, const char *name, plan_builder_t *b,
 }
 
 uint32_t algo_allgather_own(plan_builder_t *b, const algo_args_t *a, size_t block) {
-  if (a->inplace)
+  if (a->inplace || a->own_placed)
     return UINT32_MAX;
   plan_step_t cp = {.kind = STEP_COPY,
                     .bytes = block,

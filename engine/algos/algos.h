@@ -74,6 +74,10 @@ typedef struct algo_args {
   chorus_dtype dtype;
   chorus_op op; /* reducing collectives only */
   bool inplace;
+  /* allgather, out of place: the caller has put its own block into recv
+   * block `rank` already (coll.c copies it there as it stages the block),
+   * so the plan adds no COPY for it and reads it from send as usual */
+  bool own_placed;
   size_t chunk_bytes; /* pipelining unit (> 0) */
   const topo_t *topo; /* may be NULL */
 } algo_args_t;
@@ -127,8 +131,8 @@ typedef struct algo_blocks {
 } algo_blocks_t;
 int algo_blocks_begin(const algo_args_t *a, const char *name, plan_builder_t *b, algo_blocks_t *k);
 /* An allgather's own block: out of place, a COPY of send[0, block) to recv
- * block a->rank, whose step it returns; in place (nothing to copy)
- * UINT32_MAX. */
+ * block a->rank, whose step it returns; in place or placed by the caller
+ * (a->own_placed: nothing to copy) UINT32_MAX. */
 uint32_t algo_allgather_own(plan_builder_t *b, const algo_args_t *a, size_t block);
 /* The start every broadcast shares: begins the plan (named name) and adds the
  * root's copy of its send buffer into its receive buffer (out of place).

@@ -42,6 +42,7 @@ typedef struct run {
   chorus_dtype dt;
   chorus_op op;
   bool inplace;
+  bool own_placed; /* allgather out of place, the own block put in recv first */
   int root;
   size_t chunk;
   const topo_t *topo;
@@ -174,6 +175,7 @@ static void run_case(const algo_case_t *al, const run_t *o) {
                      .dtype = o->dt,
                      .op = o->op,
                      .inplace = o->inplace,
+                     .own_placed = o->own_placed,
                      .chunk_bytes = o->chunk,
                      .topo = o->topo};
     int rc = al->fn(&a, &plans[r]);
@@ -205,6 +207,17 @@ static void run_case(const algo_case_t *al, const run_t *o) {
         chk_fill(send[r], o->count, o->dt, fill_op, r);
       bufs[r] = (sim_buf_t){has_send ? send[r] : NULL, has_send ? bytes : 0,
                             has_recv ? recv[r] : NULL, has_recv ? rbytes : 0};
+      if (o->own_placed) { /* placed, and no step of the plan writes it again */
+        memcpy(recv[r] + base, send[r], bytes);
+        for (uint32_t i = 0; i < plans[r]->nsteps; i++) {
+          const plan_step_t *s = &plans[r]->steps[i];
+          cr_assert(s->kind == STEP_SEND || s->dst.buf != BUF_RECV || s->dst.off >= base + bytes ||
+                        s->dst.off + s->bytes <= base,
+                    "allgather/%s n=%d count=%zu rank %d step %u writes the own block, placed "
+                    "already",
+                    al->name, n, o->count, r, i);
+        }
+      }
     }
   }
   sim_stats_t st;
@@ -377,12 +390,15 @@ Test(algos_a, hierarchical_topologies, .timeout = 120) {
     for (size_t k = 0; k < sizeof(topos) / sizeof(topos[0]); k++) {
       topo_t t = {.nranks = topos[k].n, .nhosts = topos[k].nh, .host_of = topos[k].host_of};
       for (size_t ci = 0; ci < 4; ci++)
-        for (int ip = 0; ip < 2; ip++) {
+        for (int ip = 0; ip < 3; ip++) { /* 2: an allgather's own block placed */
+          if (ip == 2 && algos[i].coll != COLL_ALLGATHER)
+            continue;
           run_t o = {.n = topos[k].n,
                      .count = counts[ci],
-                     .dt = ip ? CHORUS_FLOAT64 : CHORUS_BFLOAT16,
-                     .op = ip ? CHORUS_AVG : CHORUS_MAX,
-                     .inplace = ip,
+                     .dt = ip == 1 ? CHORUS_FLOAT64 : CHORUS_BFLOAT16,
+                     .op = ip == 1 ? CHORUS_AVG : CHORUS_MAX,
+                     .inplace = ip == 1,
+                     .own_placed = ip == 2,
                      .root = topos[k].n - 1,
                      .chunk = counts[ci] > 2000 ? 8192 : 48,
                      .topo = &t};

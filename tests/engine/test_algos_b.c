@@ -155,8 +155,25 @@ static void exec(run_t *x, const char *what) {
 
 /* ---- allgather ---- */
 
-static void run_allgather(const algo_desc_t *d, int n, size_t count, bool inplace) {
+/* out of place, in place, or out of place with the own block already in
+ * recv (algo_args_t.own_placed, as a staged call runs) */
+enum { AG_OUT, AG_INPLACE, AG_OWN_PLACED };
+
+/* Whether a step of rank r's plan writes recv block r (bytes [lo, hi)). */
+static bool writes_own_block(const plan_t *p, size_t lo, size_t hi) {
+  for (uint32_t i = 0; i < p->nsteps; i++) {
+    const plan_step_t *s = &p->steps[i];
+    if (s->kind != STEP_SEND && s->dst.buf == BUF_RECV && s->dst.off < hi &&
+        s->dst.off + s->bytes > lo)
+      return true;
+  }
+  return false;
+}
+
+static void run_allgather(const algo_desc_t *d, int n, size_t count, int mode) {
   const size_t es = sizeof(int32_t), total = (size_t)n * count;
+  const bool inplace = mode == AG_INPLACE;
+  static const char *const how[] = {"", " in place", " own block placed"};
   run_t x;
   run_init(&x, n);
   algo_args_t a = {.coll = COLL_ALLGATHER,
@@ -164,6 +181,7 @@ static void run_allgather(const algo_desc_t *d, int n, size_t count, bool inplac
                    .count = count,
                    .dtype = CHORUS_INT32,
                    .inplace = inplace,
+                   .own_placed = mode == AG_OWN_PLACED,
                    .chunk_bytes = chunk_for(count)};
   build(&x, d, a);
   for (int r = 0; r < n; r++) {
@@ -172,6 +190,15 @@ static void run_allgather(const algo_desc_t *d, int n, size_t count, bool inplac
     memset(recv, 0xab, total * es);
     for (size_t i = 0; i < count; i++)
       send[i] = val(r, i);
+    if (mode == AG_OWN_PLACED) {
+      /* placed, and nothing in the plan writes it again */
+      memcpy(recv + (size_t)r * count, send, count * es);
+      cr_assert_not(
+          writes_own_block(x.plans[r], (size_t)r * count * es, (size_t)(r + 1) * count * es),
+          "allgather/%s n=%d count=%zu: rank %d's plan writes its own block, placed "
+          "already",
+          d->name, n, count, r);
+    }
     x.bufs[r] = (sim_buf_t){send, count * es, recv, total * es};
   }
   exec(&x, d->name);
@@ -181,7 +208,7 @@ static void run_allgather(const algo_desc_t *d, int n, size_t count, bool inplac
       for (size_t i = 0; i < count; i++)
         cr_assert_eq(recv[(size_t)k * count + i], val(k, i),
                      "allgather/%s n=%d count=%zu%s: rank %d block %d [%zu] = %#x", d->name, n,
-                     count, inplace ? " in place" : "", r, k, i, recv[(size_t)k * count + i]);
+                     count, how[mode], r, k, i, recv[(size_t)k * count + i]);
     cr_assert_eq(memcmp(recv, x.bufs[0].recv, total * es), 0);
   }
   for (int r = 0; r < n; r++) {
@@ -494,8 +521,9 @@ static void run_case(const algo_param_t *p, int n, size_t count) {
   const algo_desc_t *d = find(p->coll, p->name);
   switch (p->coll) {
   case COLL_ALLGATHER:
-    run_allgather(d, n, count, false);
-    run_allgather(d, n, count, true);
+    run_allgather(d, n, count, AG_OUT);
+    run_allgather(d, n, count, AG_INPLACE);
+    run_allgather(d, n, count, AG_OWN_PLACED);
     break;
   case COLL_REDUCE_SCATTER:
     run_reduce_scatter(d, n, count, CHORUS_FLOAT32, CHORUS_SUM, false, chunk_for(count));

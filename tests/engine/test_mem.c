@@ -684,11 +684,16 @@ Test(mem, staging_off_or_past_its_limit_goes_by_cma) {
 /* With ranks on cores of their own (two ranks, two CPUs), only an allgather
  * block of at least 128 KiB or a broadcast root's data of at least 8 MiB is
  * staged; less goes by CMA, as does everything with CHORUS_SHM_STAGE=0. On
- * a one-CPU machine the ranks share it and every size is staged. arg:
- * "alone" or "off". */
+ * a one-CPU machine the ranks share it and every size is staged. A staged
+ * allgather's own block is put into the receive buffer as it is staged
+ * (in place: left where it is). arg: "alone" or "off". */
 static int alone_step(chorus_comm_t *c, int rank, int size, bool bcast, size_t n, bool want_mapped,
                       const char *what) {
-  float *in = malloc(n * sizeof(float)), *out = malloc((size_t)size * n * sizeof(float));
+  const bool inplace = strstr(what, "in place") != NULL; /* allgathers */
+  float *out = malloc((size_t)size * n * sizeof(float));
+  float *in = inplace ? out + (size_t)rank * n : malloc(n * sizeof(float));
+  if (!inplace) /* every other byte of the result is the call's to write */
+    memset(out, 0xab, (size_t)size * n * sizeof(float));
   for (size_t i = 0; i < n; i++)
     in[i] = (float)(rank * 1000 + (int)(i % 999));
   prov_ofi_rndv_stats_t s1, s2;
@@ -717,7 +722,9 @@ static int alone_step(chorus_comm_t *c, int rank, int size, bool bcast, size_t n
             want_mapped ? "mapped" : "CMA", m.cma, m.mapped);
     bad = 1;
   }
-  free(in), free(out);
+  if (!inplace)
+    free(in);
+  free(out);
   return bad;
 }
 
@@ -735,6 +742,7 @@ static int alone_rank(int rank, int size, const char *addr, void *arg) {
   int bad = alone_step(c, rank, size, false, 8 * mib, on, "allgather 2 x 8 MiB");
   bad = bad || alone_step(c, rank, size, false, mib, on, "allgather 2 x 1 MiB");
   bad = bad || alone_step(c, rank, size, false, mib / 8, on, "allgather 2 x 128 KiB");
+  bad = bad || alone_step(c, rank, size, false, mib, on, "allgather 2 x 1 MiB in place");
   /* past the bounce slots (64 KiB), below the staged blocks */
   bad = bad || alone_step(c, rank, size, false, 3 * mib / 32, on && shared, "allgather 2 x 96 KiB");
   bad = bad || alone_step(c, rank, size, true, 8 * mib, on, "bcast 8 MiB");
