@@ -872,16 +872,16 @@ static stage_mode stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_
   return mode;
 }
 
-/* Runs r staged: this rank's data in, the buffers switched. */
+/* Runs r staged: this rank's data in (and an allgather's own block into
+ * recvbuf as well, where its plan was built own_placed), the buffers
+ * switched. */
 static void stage_begin(chorus_comm_t *c, const coll_call_t *k, stage_mode mode, size_t need,
-                        chorus_request_t *r) {
+                        bool own_placed, chorus_request_t *r) {
   unsigned char *st = c->stage;
   r->staged = true;
   c->stage_busy = true;
-  if (mode == STAGE_SEND) {
-    /* sent from the buffer; the plan fills recvbuf, but for an allgather's
-     * own block, copied into place on the way (own_placed) */
-    if (k->coll == COLL_ALLGATHER)
+  if (mode == STAGE_SEND) { /* sent from the buffer; the plan fills recvbuf */
+    if (own_placed)
       memcopy_twice(st, (unsigned char *)k->recvbuf + (size_t)c->rank * need, k->sendbuf, need);
     else
       memcopy(st, k->sendbuf, need);
@@ -1011,7 +1011,7 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
     goto out_nomem;
   /* nothing can fail from here: the sequence numbers are taken */
   if (staged && sh.d)
-    stage_begin(c, k, staged, stage_need, r);
+    stage_begin(c, k, staged, stage_need, sh.a.own_placed, r);
   r->count = count;
   r->bounce = bounce_call(c, k, &ro);
   if (coll_p2p(k->coll)) {
