@@ -681,15 +681,18 @@ Test(mem, staging_off_or_past_its_limit_goes_by_cma) {
   cr_assert_eq(r.failed, 0, "CHORUS_SHM_STAGE=64K: %d rank(s) failed", r.failed);
 }
 
+/* what alone_step calls */
+enum { ALONE_ALLGATHER, ALONE_ALLGATHER_IN_PLACE, ALONE_BCAST };
+
 /* With ranks on cores of their own (two ranks, two CPUs), only an allgather
  * block of at least 128 KiB or a broadcast root's data of at least 8 MiB is
  * staged; less goes by CMA, as does everything with CHORUS_SHM_STAGE=0. On
  * a one-CPU machine the ranks share it and every size is staged. A staged
  * allgather's own block is put into the receive buffer as it is staged
  * (in place: left where it is). arg: "alone" or "off". */
-static int alone_step(chorus_comm_t *c, int rank, int size, bool bcast, size_t n, bool want_mapped,
+static int alone_step(chorus_comm_t *c, int rank, int size, int kind, size_t n, bool want_mapped,
                       const char *what) {
-  const bool inplace = strstr(what, "in place") != NULL; /* allgathers */
+  const bool bcast = kind == ALONE_BCAST, inplace = kind == ALONE_ALLGATHER_IN_PLACE;
   float *out = malloc((size_t)size * n * sizeof(float));
   float *in = inplace ? out + (size_t)rank * n : malloc(n * sizeof(float));
   if (!inplace) /* every other byte of the result is the call's to write */
@@ -739,14 +742,16 @@ static int alone_rank(int rank, int size, const char *addr, void *arg) {
     return 1;
   }
   const size_t mib = 1u << 18; /* floats */
-  int bad = alone_step(c, rank, size, false, 8 * mib, on, "allgather 2 x 8 MiB");
-  bad = bad || alone_step(c, rank, size, false, mib, on, "allgather 2 x 1 MiB");
-  bad = bad || alone_step(c, rank, size, false, mib / 8, on, "allgather 2 x 128 KiB");
-  bad = bad || alone_step(c, rank, size, false, mib, on, "allgather 2 x 1 MiB in place");
+  int bad = alone_step(c, rank, size, ALONE_ALLGATHER, 8 * mib, on, "allgather 2 x 8 MiB");
+  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, mib, on, "allgather 2 x 1 MiB");
+  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, mib / 8, on, "allgather 2 x 128 KiB");
+  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER_IN_PLACE, mib, on,
+                          "allgather 2 x 1 MiB in place");
   /* past the bounce slots (64 KiB), below the staged blocks */
-  bad = bad || alone_step(c, rank, size, false, 3 * mib / 32, on && shared, "allgather 2 x 96 KiB");
-  bad = bad || alone_step(c, rank, size, true, 8 * mib, on, "bcast 8 MiB");
-  bad = bad || alone_step(c, rank, size, true, 4 * mib, on && shared, "bcast 4 MiB");
+  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, 3 * mib / 32, on && shared,
+                          "allgather 2 x 96 KiB");
+  bad = bad || alone_step(c, rank, size, ALONE_BCAST, 8 * mib, on, "bcast 8 MiB");
+  bad = bad || alone_step(c, rank, size, ALONE_BCAST, 4 * mib, on && shared, "bcast 4 MiB");
   if (chorus_comm_destroy(c))
     bad = 1;
   return bad;
