@@ -3,9 +3,11 @@
  *
  * The table in settings.c is the single place that reads the environment
  * (the launcher variables of chorus_comm_init_from_env included). Each entry
- * has a name, a type, a default and a line of help; `chorus-info --env`
- * prints the table. Values are parsed and checked when a communicator is
- * created; a malformed value is an error naming the variable.
+ * has a name, a type, a default and its doc (a summary line, then the
+ * full explanation); `chorus-info --env` prints the table, and
+ * `chorus-info --settings --markdown` docs/settings.md. Values are parsed
+ * and checked when a communicator is created; a malformed value is an error
+ * naming the variable.
  */
 #ifndef CHORUS_SETTINGS_H
 #define CHORUS_SETTINGS_H
@@ -49,6 +51,12 @@ typedef struct chorus_settings {
 int settings_load(chorus_settings_t *s, char *err, size_t errlen);
 /* Print the table (name, default, current value, help) to f. */
 void settings_print(FILE *f);
+/* Print the table as Markdown, whatever the environment holds:
+ * SETTINGS_MD_DOC docs/settings.md whole (summary and explanation of each
+ * setting, the launcher variables); SETTINGS_MD_TABLE README's table, one
+ * row per setting (name, default, summary). */
+enum settings_md { SETTINGS_MD_DOC, SETTINGS_MD_TABLE };
+void settings_print_markdown(FILE *f, enum settings_md what);
 
 /* Launcher environment: what chorus_comm_init_from_env needs. */
 typedef struct chorus_launch_env {
