@@ -764,60 +764,31 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
  * blocks of at least STAGE_ALONE_BLOCK_MIN bytes and broadcasts of at least
  * STAGE_ALONE_MIN are staged (STAGE_SEND).
  *
- * 8 ranks on 2 cores, float32, interleaved rounds, medians, staged / not
- * (CHORUS_SHM_STAGE=0) / Open MPI: allreduce (4 rounds) 128 KiB 462 / 533 /
- * 446 us, 512 KiB 519 / 636 / 808, 2 MiB 1978 / 2985 / 2873, 8 MiB 9.9 /
- * 13.9 / 14.2 ms, 16 MiB 25.8 / 33.1 / 38.8 (3 rounds); broadcast (5
- * rounds) 128 KiB 159 / 197 / 119 us, 512 KiB 226 / 333 / 276, 2 MiB 635 /
- * 760 / 908, 8 MiB 4.8 / 5.1 / 4.4 ms; allgather (4 rounds) 4 MiB 903 /
- * 1853 / 2009 us, 8 MiB 2.8 / 5.0 / 5.0 ms, 16 MiB 6.9 / 13.3 / 12.6, 64
- * MiB 35.3 / 51.1 / 49.8. Tried and left: an allgather in place in the
- * buffer, copied out whole (128 KiB 131 against 121 us sending from it, 512
- * KiB 244 / 186, 2 MiB 1306 / 419); a broadcast staged at every rank (2
- * MiB: 910 us against 716 unstaged). With ranks on cores of their own,
- * no allreduce, and only a broadcast past the caches: the copy in
- * rewrites lines the peer then pulls from the other core, where CMA reads
- * a send buffer the benchmark never rewrites (2 ranks, 2 MiB: allreduce
- * 583 us staged, 158 not; see STAGE_ALONE_MIN). An allgather's copies in
- * run on both sides at once: see STAGE_ALONE_BLOCK_MIN.
+ * Tried and left: an allgather in place in the buffer, copied out whole
+ * (slower than sending from it); a broadcast staged at every rank (slower
+ * than unstaged). With ranks on cores of their own, no allreduce is staged
+ * and only a broadcast past the caches: the copy in rewrites lines the peer
+ * then pulls from the other core, where CMA reads a send buffer still in
+ * the caches (see STAGE_ALONE_MIN). An allgather's copies in run on both
+ * sides at once: see STAGE_ALONE_BLOCK_MIN.
  */
 typedef enum { STAGE_NONE, STAGE_ALL, STAGE_SEND } stage_mode;
 
-/* Allreduces past this are not staged: 8 ranks on 2 cores, 3 interleaved
- * rounds, staged / not: 32 MiB 65.8 / 52.0 ms, 64 MiB 115.4 / 106.6 (the
- * copies in and out grow with the message, the reduction's own traffic
- * does not shrink with it). */
+/* Allreduces past this are not staged: the copies in and out grow with the
+ * message, the reduction's own traffic does not shrink with it. */
 #define STAGE_ALLREDUCE_MAX ((size_t)16 << 20)
 
 /* With ranks on cores of their own, a broadcast root's data is staged from
  * this size: past the caches, a copy in and a copy out of the mapping beat
- * the peer's CMA copy, which pins every page. 2 ranks, 4 interleaved
- * rounds, unstaged / staged / Open MPI: 4 MiB 299 / 769 / 343 us, 8 MiB
- * 680 / 651 / 776, 16 MiB 2082 / 1396 / 2477, 32 MiB 5241 / 3800 / 6727
- * (2026-12-03; on 2026-12-04 2 MiB and below still lost staged: 1 MiB
- * 1.15 and 2 MiB 1.12 times Open MPI's speed against 1.22 and 1.28
- * unstaged, 7 rounds each; 4 MiB 1.38 against 1.30). */
+ * the peer's CMA copy, which pins every page; below it the kernel's copy
+ * out of a send buffer still in the caches wins. */
 #define STAGE_ALONE_MIN ((size_t)8 << 20)
 
 /* An allgather's own block, from this size (past the bounce slots): each
  * rank copies its block in while the peer does the same, so the copy in
  * costs no waiting, and a copy out of the mapping is cheaper than the
  * kernel's (no page pinned, no system call, glibc's vector copy in
- * blocks). 2-rank allgathers, total sizes, 7 or 9 interleaved rounds of
- * 300 calls, medians, CMA / staged / Open MPI, 2026-12-04, in seconds when
- * the two cores shared a line in ~450 ns a round trip (a two-process
- * probe; ~100 ns in fast seconds): 256 KiB 15.5 / 14.7 / 12.6 us, 512 KiB
- * 27.7 / 26.6 / 22.8, 1 MiB 70.6 / 42.2 / 60.8, 2 MiB 106.8 / 108.4 /
- * 103.8, 4 MiB 252 / 184 / 236, 8 MiB 553 / 504 / 555; at ~100-175 ns, 2
- * MiB 134.6 / 89.6 / 130.0, and the median ratio to Open MPI's time from
- * 256 KiB to 8 MiB 0.72 / 0.84 / 0.95 / 0.99 / 0.95 / 0.98 by CMA against
- * 0.90 / 1.08 / 1.37 / 1.49 / 1.01 / 1.10 staged. The slow seconds did not
- * turn it (a line a copy in rewrites was read by the peer a call before);
- * writing every other call to the other half of a buffer twice the block
- * changed nothing (2 MiB: 108.6 against 106.5 us). At 64 KiB blocks,
- * bounced by the transport either way, staging lost (8.6 against 8.3
- * us). Tried before the copies went in blocks (memcopy.h): 2 MiB 289
- * against 77 us, which had kept this at 8 MiB. */
+ * blocks). Blocks the transport bounces either way lose by it. */
 #define STAGE_ALONE_BLOCK_MIN ((size_t)128 << 10)
 
 size_t coll_call_chunk(const chorus_comm_t *c, int coll, size_t block) {
@@ -899,13 +870,9 @@ static void stage_begin(chorus_comm_t *c, const coll_call_t *k, stage_mode mode,
 /* Whether k's sends bounce whatever their memory (PROV_OP_BOUNCE): a call
  * of up to the bounce size among ranks that outnumber the cores, whose
  * plain memory is bounced and not staged. From a buffer peers map, such a
- * message read in place holds its sender until the receiver is scheduled:
- * 8 ranks on 2 cores, 32 KiB, chorus_mem_alloc buffers, 3 interleaved
- * rounds, medians, read in place / bounced (plain memory): bcast 75.6 /
- * 28.1 us (27.2), allreduce 223.3 / 187.5 (188.7). Larger calls are read
- * in place, staged or not (a first rule by message bounced their messages
- * of up to 64 KiB too: 256 KiB allgather 143.6 -> 216.2 us staged, 135.2
- * -> 197.6 from chorus_mem_alloc; 512 KiB allreduce 522 -> 593 staged). */
+ * message read in place holds its sender until the receiver is scheduled.
+ * Larger calls are read in place, staged or not (bouncing their small
+ * messages too was slower). */
 static bool bounce_call(const chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro) {
   const size_t bounce = comm_shm_bounce(c);
   const size_t bytes = ro->send_bytes > ro->recv_bytes ? ro->send_bytes : ro->recv_bytes;
@@ -1371,42 +1338,26 @@ static int home_cpu(const chorus_comm_t *c) {
 
 /* Ranks outnumbering the cores take turns (select_share_cores: the model's
  * side). The default chunk grows by the ranks a core: a pipeline can not
- * overlap more stages than there are cores, while every chunk costs a turn
- * (64 MiB allgather at 8 ranks on 2 cores: 200 ms with 256 KiB chunks, 93
- * ms with 4 MiB). A chunk size the user set is kept. */
+ * overlap more stages than there are cores, while every chunk costs a
+ * turn. A chunk size the user set is kept. */
 #define SEL_DEFAULT_CHUNK (256 * 1024) /* CHORUS_CHUNK_BYTES's default (settings.c) */
 /* Over a network provider, every chunk is a message of its own, and past
- * rxm's eager size a rendezvous with its round trips (~50 us on loopback
- * tcp). A chunk of a reduction pays for itself, overlapping the reduction
- * with the next transfer; a chunk of a broadcast overlaps nothing on two
- * ranks and little more on a few: bcast takes chunks of SEL_NET_BCAST_CHUNK
- * (2-rank 2 MiB bcast over tcp, median of 8 interleaved runs: 1317 us in
- * 256 KiB chunks, 1029 in one message). Not allgather, whose messages
- * cross in both directions: 1054 us in 256 KiB chunks, 1247 in one.
- * Those were rxm's costs; over sock a rendezvous is cheaper and a broadcast
- * takes sock's chunk below (2 ranks, scripts/bench-vs-mpi.sh -r 5, 2 runs
- * each, 4 MiB -> 512 KiB: 2 MiB 700 / 599 -> 483 / 472 us, Open MPI's tcp
- * 535-644; 64 MiB 35.2 / 21.4 -> 20.0 / 23.2 ms, Open MPI 27-29). */
+ * rxm's eager size a rendezvous with its round trips. A chunk of a
+ * reduction pays for itself, overlapping the reduction with the next
+ * transfer; a chunk of a broadcast overlaps nothing on two ranks and little
+ * more on a few: bcast takes chunks of SEL_NET_BCAST_CHUNK. Not allgather,
+ * whose messages cross in both directions. Over sock a rendezvous is
+ * cheaper and a broadcast takes sock's chunk below. */
 #define SEL_NET_BCAST_CHUNK (4u << 20)
 /* So do broadcasts among ranks that outnumber the cores: a chunk overlaps
- * nothing while every core is busy, and each costs a turn (8 ranks on 2
- * cores, 2 MiB bcast by tree, 6 interleaved rounds: 3386 us in the 1 MiB
- * chunks of the rule above, 2895 in 4 MiB; 64 MiB by chain: 107 -> 104
- * ms). */
+ * nothing while every core is busy, and each costs a turn. */
 /* Over sock the other collectives take 512 KiB chunks: a rendezvous (RTS,
- * CTS) per chunk costs a round trip there too. 2 ranks, 5 interleaved
- * rounds, 256 KiB -> 512 KiB: allgather 2 MiB 520 -> 448 us, 64 MiB 36.9 ->
- * 33.3 ms; reduce_scatter 2 MiB 626 -> 561 us; allreduce 2 MiB 1179 ->
- * 1099 us, but 64 MiB 54.2 -> 60.3 ms (1 MiB chunks: worse at 2 MiB). */
+ * CTS) per chunk costs a round trip there too (larger chunks lost at 2 MiB,
+ * and a 64 MiB allreduce lost a little at 512 KiB). */
 #define SEL_SOCK_CHUNK (512u << 10)
 /* ... and an allgather's chunks grow with its block past 8 of them, so that
- * no block takes more than SEL_SOCK_AG_CHUNKS rendezvous. 2 ranks, 7 or 9
- * interleaved rounds, 2026-12-04, median ratio to Open MPI's time, 512
- * KiB chunks against block / 8: 16 MiB 1.57 / 1.76 (1 MiB chunks), 32 MiB
- * 1.20 / 1.59 (2 MiB), 64 MiB 1.29 / 1.68 and 1.37 / 1.68 (4 MiB; 2 MiB:
- * 1.43); a run of the benchmark an hour before had 64 MiB behind in 512
- * KiB chunks, 20.3 against 18.2 ms. At 2 MiB one message lost to two
- * (340 against 309 us). */
+ * no block takes more than SEL_SOCK_AG_CHUNKS rendezvous (a block in one
+ * message lost to two at 2 MiB). */
 #define SEL_SOCK_AG_CHUNKS 8
 static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   const bool dflt = c->set.chunk_bytes == SEL_DEFAULT_CHUNK; /* else kept as set */
@@ -1414,8 +1365,8 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   const bool sock = comm_all_sock(c);
   int per_core = coll_ranks_per_core(c);
   /* ranks of one host that talk over tcp (say) pay its costs, not shm's:
-   * at 2 ranks, a 32 KiB allreduce by recursive doubling (one 32 KiB
-   * exchange) then beats the ring (two of 16 KiB), 41 us against 60 */
+   * at 2 ranks, a small allreduce by recursive doubling (one exchange of
+   * the whole vector) then beats the ring (two of half of it) */
   if (net) {
     select_over_network(s);
   } else {
@@ -1435,25 +1386,14 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
   const bool grow = dflt && c->chunk_bytes < SEL_NET_BCAST_CHUNK;
   c->bcast_chunk_bytes =
       grow && ((net && !sock) || per_core > 1) ? SEL_NET_BCAST_CHUNK : c->chunk_bytes;
-  /* An allgather among ranks that outnumber the cores likewise: 8 ranks on
-   * 2 cores, 64 MiB by recursive doubling, 6 interleaved rounds of 20
-   * calls, 1 MiB chunks (the rule above) / 4 / 8 / 32 MiB: 38.5 / 35.0 /
-   * 36.7 / 35.3 ms (Open MPI 36.1); another 6 rounds, 1 / 8 MiB: 39.3 /
-   * 35.5 (Open MPI 37.7). Below 8 MiB a block is one chunk either way. */
+  /* An allgather among ranks that outnumber the cores likewise. Below 8
+   * MiB a block is one chunk either way. */
   c->allgather_chunk_bytes = grow && per_core > 1 ? SEL_NET_BCAST_CHUNK : c->chunk_bytes;
   c->allgather_chunks = dflt && sock ? SEL_SOCK_AG_CHUNKS : 0;
   /* Two ranks over shm: a broadcast or an allgather forwards nothing, and
-   * each chunk is one more rendezvous (descriptor, CMA copy, ack). 2 MiB, 5
-   * interleaved rounds of 1000 calls, 256 KiB chunks -> one message: bcast
-   * 175-188 -> 136-147 us, allgather 116-127 -> 107-110 (Open MPI 157-181
-   * and 99-104); 64 MiB in 4 MiB chunks as fast or faster (4 rounds: bcast
-   * 9.3-11.2 ms against 10.5-27, allgather 6.2-10.4 against 8.0-22.7).
+   * each chunk is one more rendezvous (descriptor, CMA copy, ack).
    * Reductions alike: between two ranks the receiver pulls every chunk and
-   * reduces it itself, so chunks overlap nothing either. 2 MiB allreduce
-   * (rd), 8 interleaved rounds, 256 KiB chunks / one message: 406 / 338 us
-   * (Open MPI 334); reduce_scatter 172 / 162 us (6 rounds); 64 MiB the same
-   * within the rounds' spread (allreduce 29.4 / 29.0 ms, reduce_scatter
-   * 15.6 / 17.4; Open MPI 59.5 and 85.9). */
+   * reduces it itself, so chunks overlap nothing either. */
   if (dflt && !net && c->size == 2 && c->chunk_bytes < SEL_NET_BCAST_CHUNK)
     c->chunk_bytes = c->bcast_chunk_bytes = c->allgather_chunk_bytes = SEL_NET_BCAST_CHUNK;
 }

@@ -485,10 +485,8 @@ exec_t *exec_create(exec_ctx_t *ctx, const plan_t *plan, const void *sendbuf, vo
       ex->scratch_lent = true;
       ex->bufs[BUF_SCRATCH] = ctx->scratch;
     } else {
-      /* A fresh buffer costs a page fault a page (10 us each on this
-       * development machine's VM: 5 MiB of scratch for a 2 MiB
-       * reduce_scatter by rhd at 8 ranks made it 52 ms a call instead of
-       * 2): the last run's is taken when it is large enough. */
+      /* A fresh buffer costs a page fault a page, which can dwarf the
+       * call itself: the last run's is taken when it is large enough. */
       if (ctx->big && ctx->big_bytes >= plan->scratch_bytes) {
         ex->own_scratch = ctx->big;
         ex->own_bytes = ctx->big_bytes;
@@ -738,8 +736,8 @@ static size_t drive_one(exec_ctx_t *ctx, exec_t *ex) {
   if (post_pairs(ctx, ex, false, &moved) || post_pairs(ctx, ex, true, &moved))
     return moved;
   /* local steps (copies, reductions) last: what is ready to go on the wire
-   * is on its way while we copy (the root of a 64 MiB bcast copied its buffer
-   * for 15 ms before its first send; its receiver waited) */
+   * is on its way while we copy (a root that copied its whole buffer first
+   * kept its receivers waiting) */
   while (ex->ql_head < ex->ql_tail) {
     fsm_event_t ev = {.sig = E_RUN};
     fsm_dispatch(&ex->steps[ex->q_local[ex->ql_head++]].fsm, &ev);

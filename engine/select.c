@@ -47,18 +47,12 @@
  * An algorithm name the model does not know gets the linear formula (a
  * conservative guess: the model picks it only when nothing known fits).
  *
- * Defaults are this development machine's measured order of magnitude
- * (shm: ~2 us a message, ~5 GB/s; tcp between hosts: ~20 us, ~1.2 GB/s;
- * reductions 10 GB/s), not a promise about any cluster: callers may
- * overwrite the fields of select_ctx_t after select_init. The float32 sum
- * kernel itself runs at 80-94 GB/s in cache and 17-24 GB/s from memory
- * here; 10 GB/s counts the loads and stores of the run around it. At 4
- * GB/s, the figure before, the model gave the 2-rank allreduce to the ring
- * (two messages, half the vector reduced) from 16 KiB, where recursive
- * doubling (one message, all of it reduced) was faster (shm, 3 interleaved
- * rounds, rd / ring: 16 KiB 12.6-12.9 / 15.3-16.0 us, 32 KiB 12.8-13.1 /
- * 14.8-15.3; 256 KiB bounce slots then); at 10 GB/s, and without the peer
- * cache term below (over a wire), the switch falls between 32 and 64 KiB.
+ * Defaults are the development machine's order of magnitude (SEL_INTRA_*,
+ * SEL_INTER_*, SEL_GAMMA), not a promise about any cluster: callers may
+ * overwrite the fields of select_ctx_t after select_init. SEL_GAMMA counts
+ * the loads and stores around the reduction kernel, not the kernel alone,
+ * so that a 2-rank allreduce keeps recursive doubling (one message, all of
+ * it reduced) up to the size where the ring's halved reduction pays.
  *
  * CHORUS_ALGO grammar: rules separated by ';', each "collective=spec,spec"
  * with spec "algorithm[:min-max]", sizes in bytes with K, M, G suffixes
@@ -83,14 +77,9 @@
 #define SEL_INTER_BETA (1.0 / 1.2e9)
 #define SEL_GAMMA (1.0 / 10e9)
 /* Two ranks on one host: the ring allreduce's second half reads what the
- * peer reduced a moment before, from the peer's cache, which costs here
- * about one more pass over those bytes (a 2-rank 2 MiB ring in 1 MiB chunks:
- * 327-380 us, where recursive doubling, reading only the peer's input,
- * took 199-236); no more than the caches hold is read that way. Shm, 3
- * interleaved rounds, ring / rd / Open MPI: 128 KiB 44-52 / 18-20 / 26-27
- * us, 512 KiB 100-138 / 66-75 / 78-83, 2 MiB 370-388 / 253-258 (one 546) /
- * 317-325, 8 MiB 1595-1605 / 1502-1886 / 1575-1651, 32 MiB 8.1-9.9 ms /
- * 10.0-12.5. */
+ * peer reduced a moment before, from the peer's cache, which costs about
+ * one more pass over those bytes (recursive doubling reads only the peer's
+ * input); no more than the caches hold is read that way. */
 #define SEL_PEER_CACHE (4.0 * 1024 * 1024)
 /* Over a network provider a 2-rank allreduce by recursive doubling reduces
  * each chunk as it arrives, in cache, while the next one is on the wire:
@@ -98,17 +87,11 @@
  * rank reduces stays in its caches; past them the reduction reads memory
  * and competes with the transport's own copies (on loopback the same
  * cores). Charged as N gamma, the ring (half the vector reduced) took over
- * at ~400 KiB, where recursive doubling was faster up to 2 MiB over both
- * providers: 2 ranks, medians of interleaved rounds, rd / ring / Open MPI,
- * sock (512 KiB chunks): 512 KiB 174 / 195 / 225 us, 1 MiB 299 / 302 /
- * 352, 2 MiB 548 / 592 / 580 and 560 / 596 / 604 (6 and 5 rounds of 300
- * calls), 4 MiB 1054 / 1146 / 1552, 8 MiB 2267 / 2200, 16 MiB 5478 / 4613;
- * tcp (256 KiB chunks, 4 rounds of 100): 512 KiB 269 / 304, 2 MiB 945 /
- * 972, 4 MiB 2125 / 1918, 8 MiB 4620 / 4069. Hidden up to 2 MiB reduced
- * (4 MiB would give sock its best but tcp its worst). A vector of one chunk
- * overlaps nothing and is charged whole: over sock 512 KiB (one chunk)
- * still goes to the ring, ~20 us behind rd there (a rendezvous costs more
- * than the model's alpha); left as it is. */
+ * well before recursive doubling stopped being faster, over sock and tcp
+ * alike; 2 MiB suits both (more favours sock and hurts tcp). A vector of
+ * one chunk overlaps nothing and is charged whole, so over sock a
+ * one-chunk vector still goes to the ring, slightly behind rd (a
+ * rendezvous costs more than the model's alpha); left as it is. */
 #define SEL_WIRE_HIDE (2.0 * 1024 * 1024)
 
 static int sfail(char *err, size_t errlen, const char *fmt, ...) {
@@ -292,8 +275,7 @@ void select_fini(select_ctx_t *s) {
  * bytes cost more too: the ranks of a core share its copies and its
  * reductions, so beta and gamma grow by the same factor. Without that the
  * model kept recursive doubling (log2 n whole vectors a rank) past the size
- * where halving-doubling (two) wins: 8 ranks on 2 cores, 256 KiB allreduce,
- * 3 interleaved rounds: rd 1238-1582 us, rhd 662-743. */
+ * where halving-doubling (two) wins. */
 #define SEL_TURN_S 25e-6
 
 /* What select_share_cores adds to every message's alpha: the wait for a
@@ -464,10 +446,8 @@ static double cost_allreduce(const model_t *m, const char *name) {
  * per-byte cost scaled by per_core (select_share_cores) prices every round as
  * if all ranks of each core copied; but the copies of round k share the
  * n / per_core cores only when there are that many: the first rounds leave
- * cores idle. 8 ranks on 2 cores, 64 MiB bcast, 16 calls a run, each after
- * a barrier: unsegmented tree 41-43 ms a call (median), chain in 4 MiB
- * chunks 65-73, Open MPI 35-39; the old model gave the chain (1.4 vectors of
- * scaled cost against the tree's 3). */
+ * cores idle. Priced as if every round were crowded, the model gave large
+ * broadcasts to the chain, which was the slower. */
 static double tree_rounds(const model_t *m) {
   const int q = m->s->per_core;
   if (q <= 1)
@@ -496,16 +476,10 @@ static bool staged(const model_t *m, double block) {
  * it from memory on its own, where a tree's next hop reads what the last one
  * just wrote. Below pull_min the root copies every message into a bounce
  * slot itself, n-1 copies in a row: then the root pushes (linear()). Used
- * only where ranks share cores, the only case measured: 8 ranks on 2 cores,
- * 4 interleaved rounds, tree / flat / Open MPI (flat there too): 256 KiB
- * 183 / 172 / 144 us, 1 MiB 636 / 618 / 650, 4 MiB 5321 / 3838 / 4185; 64
- * KiB (bounced) 61 / 83 / 53; 64 MiB 63.2 / 65.6 / 67.3 ms; 4 ranks, 4 MiB:
- * 2366 / 1427 / 2367 us. A root that sends from the staging buffer keeps
- * it past the caches: every receiver copies from a mapping, no page
- * pinned, no system call. 8 ranks on 2 cores, 4 interleaved rounds of 5
- * calls, both staged, tree / flat / Open MPI: 8 MiB 5.3 / 2.3 / 3.4 ms, 16
- * MiB 8.4 / 5.1 / 7.1, 32 MiB 15.9 / 10.3 / 17.2, 64 MiB 27.8 / 20.5 / 37.1
- * (unstaged, 5 rounds: tree 32.2, flat 39.8). */
+ * only where ranks share cores, the only case measured. A root that sends
+ * from the staging buffer keeps it past the caches: every receiver copies
+ * from a mapping, no page pinned, no system call, so a staged broadcast
+ * goes flat at any size. */
 static bool bcast_pulled(const model_t *m) {
   const select_ctx_t *s = m->s;
   return s->pull_min > 0 && s->per_core > 1 && m->nhosts <= 1 && m->N >= s->pull_min &&
@@ -554,15 +528,10 @@ static double cost_reduce(const model_t *m, const char *name) {
 /* direct_allgather.c posts its n-1 messages each way at once: as many
  * bytes as the ring, but a rank waits for its peers' turns once, not once
  * a step. With every rank on a core of its own the two price alike and the
- * table's order keeps the ring. 8 ranks on 2 cores, 4 interleaved rounds of
- * 300 calls, 2 MiB: rd 1127-1482 us, direct 1056-1112, ring 1318-1484
- * (Open MPI 968-1262); 512 KiB: rd 360-432, direct 189-192 (Open MPI
- * 375-424); 3, 4 and 6 ranks at 2 MiB: rd 401-815, direct 258-551.
- * Large blocks turn it around: it reads n-1 of them at once, every byte
- * from memory, where a round of the others reads what a peer wrote a
- * moment before. Once those n-1 blocks outgrow the peer cache it pays one
- * more pass over them: 64 MiB (8 ranks, 6 interleaved rounds of 5 calls),
- * rd 34.6-58.3 ms (median 39), direct 50.7-68.3 (62.6), Open MPI 32-54. */
+ * table's order keeps the ring. Large blocks turn it around: it reads n-1
+ * of them at once, every byte from memory, where a round of the others
+ * reads what a peer wrote a moment before. Once those n-1 blocks outgrow
+ * the peer cache it pays one more pass over them. */
 static double cost_allgather(const model_t *m, const char *name) {
   const double n = m->n, N = m->N;
   const select_link_t f = m->flat;

@@ -72,22 +72,14 @@ static size_t fsm_jround(size_t capacity) {
 
 /*
  * The ring is mapped and every page of it touched here, once. Left to fault
- * in as records arrive, its first lap took a page fault every 128 records on
- * the calls' own path: 10 us each on a virtual machine with page-table
- * isolation (measured), 2 us a call for a 2-rank 32 KiB allreduce until the
- * default ring wrapped, some 4700 calls in. Past FSM_JOURNAL_PREFAULT_MAX
- * the rest faults in as it is used.
+ * in as records arrive, its first lap would take a page fault every 128
+ * records on the calls' own path, until the ring wrapped. Past
+ * FSM_JOURNAL_PREFAULT_MAX the rest faults in as it is used.
  *
- * The ring does not ask for transparent huge pages. It did (one fault per
- * 2 MiB at start-up), and on the development machine, whose kernel samples
- * physical memory every 500 ms for a pageout scheme (DAMON), every rank of a
- * job then stalled together, about twice a second: 8 ranks on 2 cores, 64
- * MiB allgathers of 36-42 ms timed one by one, pairs of 134-474 ms about
- * ten calls apart; 20 calls a run, 3 runs each: the slowest call 176, 212,
- * 159 ms with the advice and 82, 82, 69 without;
- * with a 1 MiB ring, never advised, none either. The ring is written in
- * order, so 4 KiB pages cost a TLB miss every 128 records, nothing to weigh
- * against that.
+ * The ring does not ask for transparent huge pages: on a kernel that
+ * samples physical memory for a pageout scheme (DAMON), huge pages made
+ * every rank of a job stall together about twice a second. The ring is
+ * written in order, so 4 KiB pages cost only a TLB miss every 128 records.
  */
 static struct fsm_journal *fsm_jalloc(size_t cap) {
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
