@@ -29,12 +29,25 @@
  *    (p = 11 and 8), so for + and * of two narrow values this double rounding
  *    gives the correctly rounded result, as if done in the narrow type.
  *  - CHORUS_AVG reduces as CHORUS_SUM; reduce_scale_avg() divides at the end.
- *  - Buffers must be aligned for their element type.
+ *  - Buffers may have any alignment: the loops read and write through the
+ *    ua_* types below (alignment 1), which is defined behaviour for any
+ *    address and compiles to the same vector code (x86-64 vector loads and
+ *    stores do not need alignment; gcc emits the unaligned forms for these
+ *    loops either way).
  */
 #include "reduce.h"
 
 #include <math.h>
 #include <string.h>
+
+/* Element types as they lie in a caller's buffer: any address. */
+typedef int8_t ua_i8 __attribute__((aligned(1)));
+typedef uint8_t ua_u8 __attribute__((aligned(1)));
+typedef int32_t ua_i32 __attribute__((aligned(1)));
+typedef int64_t ua_i64 __attribute__((aligned(1)));
+typedef uint16_t ua_u16 __attribute__((aligned(1)));
+typedef float ua_f32 __attribute__((aligned(1)));
+typedef double ua_f64 __attribute__((aligned(1)));
 
 /* ---- bit casts (compile to register moves; vectorizable) ---- */
 
@@ -269,11 +282,11 @@ typedef struct reduce_kernel {
   REDUCE_KERNELS(NAME##_min, T)                                                                    \
   REDUCE_KERNELS(NAME##_max, T)
 
-REDUCE_KERNELS_ALL(i8, int8_t)
-REDUCE_KERNELS_ALL(u8, uint8_t)
-REDUCE_KERNELS_ALL(i32, int32_t)
-REDUCE_KERNELS_ALL(i64, int64_t)
-REDUCE_KERNELS_ALL(f16, uint16_t)
+REDUCE_KERNELS_ALL(i8, ua_i8)
+REDUCE_KERNELS_ALL(u8, ua_u8)
+REDUCE_KERNELS_ALL(i32, ua_i32)
+REDUCE_KERNELS_ALL(i64, ua_i64)
+REDUCE_KERNELS_ALL(f16, ua_u16)
 
 /*
  * bfloat16 two at a time: a 32-bit word holds two values and each widens in
@@ -281,13 +294,13 @@ REDUCE_KERNELS_ALL(f16, uint16_t)
  * loop runs in 32-bit lanes without packing and unpacking. Byte order does not
  * matter: both halves get the same treatment. An odd last element goes alone.
  */
-static inline uint32_t load2(const uint16_t *p) {
+static inline uint32_t load2(const ua_u16 *p) {
   uint32_t w;
   memcpy(&w, p, sizeof(w));
   return w;
 }
 
-static inline void store2(uint16_t *p, uint32_t w) {
+static inline void store2(ua_u16 *p, uint32_t w) {
   memcpy(p, &w, sizeof(w));
 }
 
@@ -297,26 +310,26 @@ static inline void store2(uint16_t *p, uint32_t w) {
     uint32_t hi = bf16_round_hi(f32_##OP(bits_f32(x & 0xffff0000u), bits_f32(y & 0xffff0000u)));   \
     return (lo >> 16) | hi;                                                                        \
   }                                                                                                \
-  static inline void bf16_##OP##_l3(uint16_t *restrict d, const uint16_t *restrict x,              \
-                                    const uint16_t *restrict y, size_t n) {                        \
+  static inline void bf16_##OP##_l3(ua_u16 *restrict d, const ua_u16 *restrict x,              \
+                                    const ua_u16 *restrict y, size_t n) {                        \
     for (size_t i = 0; i < n / 2; i++)                                                             \
       store2(d + 2 * i, bf16x2_##OP(load2(x + 2 * i), load2(y + 2 * i)));                          \
     if (n & 1)                                                                                     \
       d[n - 1] = bf16_##OP(x[n - 1], y[n - 1]);                                                    \
   }                                                                                                \
-  static inline void bf16_##OP##_la(uint16_t *restrict d, const uint16_t *restrict y, size_t n) {  \
+  static inline void bf16_##OP##_la(ua_u16 *restrict d, const ua_u16 *restrict y, size_t n) {  \
     for (size_t i = 0; i < n / 2; i++)                                                             \
       store2(d + 2 * i, bf16x2_##OP(load2(d + 2 * i), load2(y + 2 * i)));                          \
     if (n & 1)                                                                                     \
       d[n - 1] = bf16_##OP(d[n - 1], y[n - 1]);                                                    \
   }                                                                                                \
-  static inline void bf16_##OP##_lb(uint16_t *restrict d, const uint16_t *restrict x, size_t n) {  \
+  static inline void bf16_##OP##_lb(ua_u16 *restrict d, const ua_u16 *restrict x, size_t n) {  \
     for (size_t i = 0; i < n / 2; i++)                                                             \
       store2(d + 2 * i, bf16x2_##OP(load2(x + 2 * i), load2(d + 2 * i)));                          \
     if (n & 1)                                                                                     \
       d[n - 1] = bf16_##OP(x[n - 1], d[n - 1]);                                                    \
   }                                                                                                \
-  static inline void bf16_##OP##_lab(uint16_t *restrict d, size_t n) {                             \
+  static inline void bf16_##OP##_lab(ua_u16 *restrict d, size_t n) {                             \
     for (size_t i = 0; i < n / 2; i++) {                                                           \
       uint32_t w = load2(d + 2 * i);                                                               \
       store2(d + 2 * i, bf16x2_##OP(w, w));                                                        \
@@ -324,14 +337,14 @@ static inline void store2(uint16_t *p, uint32_t w) {
     if (n & 1)                                                                                     \
       d[n - 1] = bf16_##OP(d[n - 1], d[n - 1]);                                                    \
   }                                                                                                \
-  REDUCE_ENTRY_POINTS(bf16_##OP, uint16_t)
+  REDUCE_ENTRY_POINTS(bf16_##OP, ua_u16)
 
 BF16_PAIR_KERNELS(sum)
 BF16_PAIR_KERNELS(prod)
 BF16_PAIR_KERNELS(min)
 BF16_PAIR_KERNELS(max)
-REDUCE_KERNELS_ALL(f32, float)
-REDUCE_KERNELS_ALL(f64, double)
+REDUCE_KERNELS_ALL(f32, ua_f32)
+REDUCE_KERNELS_ALL(f64, ua_f64)
 
 #define KERNEL(FN)                                                                                 \
   { FN##_k3, FN##_ka, FN##_kb, FN##_kab }
@@ -363,11 +376,11 @@ static const reduce_kernel_t kernels[CHORUS_DTYPE_COUNT][CHORUS_OP_COUNT] = {
 
 #define F16C_TARGET __attribute__((target("avx,f16c")))
 
-F16C_TARGET static inline __m256 f16c_load(const uint16_t *p) {
+F16C_TARGET static inline __m256 f16c_load(const ua_u16 *p) {
   return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-F16C_TARGET static inline void f16c_store(uint16_t *p, __m256 v) {
+F16C_TARGET static inline void f16c_store(ua_u16 *p, __m256 v) {
   _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
 
@@ -391,32 +404,32 @@ F16C_TARGET static inline __m256 f16c_vmax(__m256 x, __m256 y) {
 /* Eight lanes with the vector op, the last count % 8 with the portable one. */
 #define F16C_KERNELS(OP)                                                                           \
   F16C_TARGET static void f16c_##OP##_k3(void *dst, const void *a, const void *b, size_t n) {      \
-    uint16_t *restrict d = dst;                                                                    \
-    const uint16_t *restrict x = a;                                                                \
-    const uint16_t *restrict y = b;                                                                \
+    ua_u16 *restrict d = dst;                                                                    \
+    const ua_u16 *restrict x = a;                                                                \
+    const ua_u16 *restrict y = b;                                                                \
     size_t i = 0;                                                                                  \
     for (; i + 8 <= n; i += 8)                                                                     \
       f16c_store(d + i, f16c_v##OP(f16c_load(x + i), f16c_load(y + i)));                           \
     f16_##OP##_l3(d + i, x + i, y + i, n - i);                                                     \
   }                                                                                                \
   F16C_TARGET static void f16c_##OP##_ka(void *inout, const void *b, size_t n) {                   \
-    uint16_t *restrict d = inout;                                                                  \
-    const uint16_t *restrict y = b;                                                                \
+    ua_u16 *restrict d = inout;                                                                  \
+    const ua_u16 *restrict y = b;                                                                \
     size_t i = 0;                                                                                  \
     for (; i + 8 <= n; i += 8)                                                                     \
       f16c_store(d + i, f16c_v##OP(f16c_load(d + i), f16c_load(y + i)));                           \
     f16_##OP##_la(d + i, y + i, n - i);                                                            \
   }                                                                                                \
   F16C_TARGET static void f16c_##OP##_kb(void *inout, const void *a, size_t n) {                   \
-    uint16_t *restrict d = inout;                                                                  \
-    const uint16_t *restrict x = a;                                                                \
+    ua_u16 *restrict d = inout;                                                                  \
+    const ua_u16 *restrict x = a;                                                                \
     size_t i = 0;                                                                                  \
     for (; i + 8 <= n; i += 8)                                                                     \
       f16c_store(d + i, f16c_v##OP(f16c_load(x + i), f16c_load(d + i)));                           \
     f16_##OP##_lb(d + i, x + i, n - i);                                                            \
   }                                                                                                \
   F16C_TARGET static void f16c_##OP##_kab(void *inout, size_t n) {                                 \
-    uint16_t *restrict d = inout;                                                                  \
+    ua_u16 *restrict d = inout;                                                                  \
     size_t i = 0;                                                                                  \
     for (; i + 8 <= n; i += 8) {                                                                   \
       __m256 v = f16c_load(d + i);                                                                 \
@@ -472,25 +485,25 @@ void reduce_apply(void *dst, const void *a, const void *b, size_t count, chorus_
  * distance from a non-integer x / n to the next integer, so truncating it
  * gives exactly C's x / n.
  */
-static void scale_i8(int8_t *restrict p, size_t count, int n) {
+static void scale_i8(ua_i8 *restrict p, size_t count, int n) {
   float fn = (float)n;
   for (size_t i = 0; i < count; i++)
     p[i] = (int8_t)((float)p[i] / fn);
 }
 
-static void scale_u8(uint8_t *restrict p, size_t count, int n) {
+static void scale_u8(ua_u8 *restrict p, size_t count, int n) {
   float fn = (float)n;
   for (size_t i = 0; i < count; i++)
     p[i] = (uint8_t)((float)p[i] / fn);
 }
 
-static void scale_i32(int32_t *restrict p, size_t count, int n) {
+static void scale_i32(ua_i32 *restrict p, size_t count, int n) {
   double dn = (double)n;
   for (size_t i = 0; i < count; i++)
     p[i] = (int32_t)((double)p[i] / dn);
 }
 
-static void scale_i64(int64_t *restrict p, size_t count, int n) {
+static void scale_i64(ua_i64 *restrict p, size_t count, int n) {
   int64_t d = n;
   for (size_t i = 0; i < count; i++)
     p[i] /= d;
@@ -512,25 +525,25 @@ static inline float f64_to_f32_odd(double d) {
   return bits_f32(u);
 }
 
-static void scale_f16(uint16_t *restrict p, size_t count, int n) {
+static void scale_f16(ua_u16 *restrict p, size_t count, int n) {
   double dn = (double)n;
   for (size_t i = 0; i < count; i++)
     p[i] = float_to_half(f64_to_f32_odd((double)half_to_float(p[i]) / dn));
 }
 
-static void scale_bf16(uint16_t *restrict p, size_t count, int n) {
+static void scale_bf16(ua_u16 *restrict p, size_t count, int n) {
   double dn = (double)n;
   for (size_t i = 0; i < count; i++)
     p[i] = float_to_bf16(f64_to_f32_odd((double)bf16_to_float(p[i]) / dn));
 }
 
-static void scale_f32(float *restrict p, size_t count, int n) {
+static void scale_f32(ua_f32 *restrict p, size_t count, int n) {
   float fn = (float)n;
   for (size_t i = 0; i < count; i++)
     p[i] /= fn;
 }
 
-static void scale_f64(double *restrict p, size_t count, int n) {
+static void scale_f64(ua_f64 *restrict p, size_t count, int n) {
   double dn = (double)n;
   for (size_t i = 0; i < count; i++)
     p[i] /= dn;
