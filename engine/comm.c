@@ -11,6 +11,7 @@
  * (an atomic flag plus a condition variable for sleepers).
  */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <errno.h>
 #include <event2/event.h>
 #include <event2/thread.h>
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -966,8 +968,49 @@ size_t comm_shm_bounce(const chorus_comm_t *c) {
   return b ? b : PROV_BOUNCE_NONE;
 }
 
+/* A transport's line about what it refused at its door (prov_config_t.log). */
+static void comm_prov_log(void *arg, const char *line) {
+  const chorus_comm_t *c = arg;
+
+  eng_log(ENG_WARN, c->rank, "sock", "%s", line);
+}
+
+/* Where sock listens when CHORUS_SOCK_IFACE (or FI_TCP_IFACE) names no
+ * interface: loopback when every rank is on this host; else the address
+ * this rank reached rank 0's rendezvous from, the one the job's network
+ * gave it. "" when neither is known (the provider then takes the first
+ * interface up). */
+static void sock_listen_addr(const chorus_comm_t *c, char *out, size_t len) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof(ss);
+  const char *me = c->boot ? boot_host_of(c->boot, c->rank) : NULL;
+  bool one_host = me != NULL;
+  int fd = c->boot ? boot_fd(c->boot) : -1;
+
+  out[0] = '\0';
+  for (int r = 0; one_host && r < c->size; r++) {
+    const char *h = boot_host_of(c->boot, r);
+
+    one_host = h && strcmp(h, me) == 0;
+  }
+  if (one_host) {
+    snprintf(out, len, "127.0.0.1");
+    return;
+  }
+  if (fd < 0 || getsockname(fd, (struct sockaddr *)&ss, &sl) != 0)
+    return;
+  if (ss.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, out, (socklen_t)len);
+  } else if (ss.ss_family == AF_INET6) {
+    const struct in6_addr *a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+
+    if (IN6_IS_ADDR_V4MAPPED(a))
+      inet_ntop(AF_INET, &a->s6_addr[12], out, (socklen_t)len);
+  }
+}
+
 chorus_result comm_open_transport(chorus_comm_t *c) {
-  char err[1024] = "";
+  char err[1024] = "", listen_addr[INET6_ADDRSTRLEN];
   const char *name = choose_provider(c);
   const char *job_id = c->set.job_token[0] ? c->set.job_token : "chorus";
   prov_config_t cfg = {.name = name,
@@ -978,7 +1021,11 @@ chorus_result comm_open_transport(chorus_comm_t *c) {
                        .host_of = c->topo ? c->topo->host_of : NULL,
                        .shm_bounce = comm_shm_bounce(c),
                        .iface = c->set.sock_iface,
+                       .sock_addr = listen_addr,
+                       .log = comm_prov_log,
+                       .log_arg = c,
                        .sock_sndbuf = c->set.sock_sndbuf};
+  sock_listen_addr(c, listen_addr, sizeof(listen_addr));
   if (c->set.faults[0]) {
     if (fault_plan_parse(c->set.faults, &c->faults, err, sizeof(err)))
       return comm_error(c, CHORUS_ERR_ENV, "CHORUS_FAULTS: %s", err);

@@ -86,6 +86,7 @@
 #ifndef CHORUS_PROV_H
 #define CHORUS_PROV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -151,9 +152,20 @@ typedef struct prov_config {
    * outnumber cores). 0: the default, 64 KiB; PROV_BOUNCE_NONE: never. */
   size_t shm_bounce;
   /* sock: the network interface to listen on ("eth0", "lo"); NULL or "":
-   * FI_TCP_IFACE when set, else the first IPv4 interface that is up and not
-   * loopback, else loopback. */
+   * FI_TCP_IFACE when set, else sock_addr, else the first IPv4 interface
+   * that is up and not loopback, else loopback. */
   const char *iface;
+  /* sock: the IPv4 address to listen on when neither iface nor FI_TCP_IFACE
+   * names an interface ("10.1.2.3"); NULL or "": none. The engine passes
+   * 127.0.0.1 for a job on one host, else the address this rank reached
+   * rank 0's rendezvous from. */
+  const char *sock_addr;
+  /* Where a transport reports, one line each, what it refused at the door
+   * (a stranger on its listener: who, and why), at the default log level
+   * and rate-limited by the transport; NULL: stderr. Called from the
+   * thread that drives the instance. */
+  void (*log)(void *log_arg, const char *line);
+  void *log_arg;
   /* sock: SO_SNDBUF of a connection whose two ends are on one host, where
    * the kernel's TCP is a memory copy and less in flight stays in the
    * caches; 0: the kernel's autotuning (always so between hosts). */
@@ -289,6 +301,13 @@ typedef struct prov_sock_stats {
   uint32_t host_conns;
   uint32_t sndbuf_set;
   int sndbuf_max;
+  /* the door: whether the listener is open (it closes once every rank that
+   * connects to this one has), connections refused there (strangers,
+   * silence past the hello's deadline, the oldest silent ones when too many
+   * wait), and the most that waited for their hello at once */
+  bool listening;
+  uint64_t refused;
+  uint32_t pending_max;
 } prov_sock_stats_t;
 int prov_sock_stats(prov_t *p, prov_sock_stats_t *out);
 

@@ -72,5 +72,11 @@ int prov_multi_test_addr_parse(const void *addr, size_t len, const unsigned char
  * process_vm_readv: *n bytes), 0: *n bytes to copy from the region at *off. */
 int prov_ofi_test_rndv_desc(const void *msg, size_t len, size_t rlen, uint64_t region_size,
                             uint64_t *off, uint64_t *n);
+/* Fuzzing and tests only (tests/fuzz/fuzz_sock_stream.c): hands fd, a
+ * connected stream socket, to sock endpoint p as if its listener had just
+ * accepted it from a stranger: what comes in on it meets the hello's
+ * checks and then, from a rank it accepts, the stream decoder, as a
+ * peer's bytes would. 0, or -errno with fd closed. */
+int prov_sock_test_adopt(prov_t *p, int fd);
 
 #endif

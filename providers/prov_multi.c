@@ -241,6 +241,9 @@ static int multi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size
                         .job_id = cfg->job_id,
                         .shm_bounce = cfg->shm_bounce,
                         .iface = cfg->iface,
+                        .sock_addr = cfg->sock_addr,
+                        .log = cfg->log,
+                        .log_arg = cfg->log_arg,
                         .sock_sndbuf = cfg->sock_sndbuf};
 
     rc = prov_open(&c0, &m->child[0].p, cerr, sizeof(cerr));
@@ -258,6 +261,9 @@ static int multi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size
                         .job_id = cfg->job_id,
                         .shm_bounce = cfg->shm_bounce,
                         .iface = cfg->iface,
+                        .sock_addr = cfg->sock_addr,
+                        .log = cfg->log,
+                        .log_arg = cfg->log_arg,
                         .sock_sndbuf = cfg->sock_sndbuf};
 
     rc = prov_open(&c1, &m->child[1].p, cerr, sizeof(cerr));

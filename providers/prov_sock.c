@@ -54,7 +54,22 @@
  *
  * Interface: cfg->iface (the engine's CHORUS_SOCK_IFACE), else FI_TCP_IFACE,
  * names the network interface to listen on ("lo", "eth0"); neither set:
- * the first IPv4 interface that is up and not loopback, else loopback.
+ * cfg->sock_addr (the engine's: 127.0.0.1 for a job on one host, else the
+ * address this rank reached rank 0's rendezvous from), else the first IPv4
+ * interface that is up and not loopback, else loopback.
+ *
+ * The door. The listener is only for the higher ranks of each pair: once
+ * every one of them is connected (or lost) it is closed, and with it the
+ * connections still waiting there. Until then, an accepted connection
+ * must say its hello within SOCK_HELLO_TIMEOUT_S, and at most
+ * SOCK_STRANGERS_MAX beyond the ranks still expected may wait for theirs:
+ * past that the oldest that said nothing is dropped (a rank writes its
+ * hello as soon as it is connected; it is read at the accept). Each
+ * connection refused is logged (cfg->log) with the peer's address and why:
+ * SOCK_LOG_BURST lines a SOCK_LOG_WINDOW_S window, then one line at the
+ * window's end counts the rest. A timerfd in the epoll set wakes a sleeper
+ * for the deadlines. Out of descriptors, the listener rests
+ * SOCK_ACCEPT_REST_S instead of waking the sleeper over and over.
  *
  * Send buffer: a connection whose two ends have one address (two ranks of
  * this host) takes cfg->sock_sndbuf (the engine's CHORUS_SOCK_SNDBUF) as
@@ -76,14 +91,15 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "prov_internal.h"
 #include "prov_sock_wire.h"
 
 #define SOCK_MAX_POSTED 512
-#define SOCK_HDR_MAGIC 0x43534b4du
 #define SOCK_STAGE (64 * 1024) /* staging buffer per connection */
 #define SOCK_DIRECT_MIN 8192   /* payload left above this is read in place */
 #define SOCK_EVENTS 64
@@ -97,23 +113,12 @@
 #define SOCK_POOL_MAX 64            /* unexpected eager buffers kept for reuse (4 MiB) */
 #define SOCK_POOL_MIN 4096          /* smaller unexpected messages get a buffer of their size */
 #define SOCK_READ_BUDGET (4u << 20) /* bytes one connection reads per progress() */
-
-/* What a header announces. */
-enum sock_htype {
-  H_EAGER = 1, /* tag, len, data; the payload follows */
-  H_RTS,       /* tag, len, data, cookie (the sender's id); nothing follows */
-  H_CTS,       /* cookie: the RTS's; data: the receiver's id; nothing follows */
-  H_DATA,      /* tag: the receiver's id from its CTS, len; the payload follows */
-};
-
-struct sock_hdr {
-  uint32_t magic;
-  uint32_t type; /* enum sock_htype */
-  uint64_t tag;
-  uint64_t len;
-  uint64_t data;
-  uint64_t cookie;
-};
+#define SOCK_HELLO_TIMEOUT_S 5.0    /* an accepted connection says its hello within this */
+#define SOCK_STRANGERS_MAX 32       /* waiting for a hello, beyond the ranks still expected */
+#define SOCK_DROP_SCAN 16           /* the oldest looked at for one that said nothing */
+#define SOCK_LOG_BURST 16           /* refusals logged one by one a window, then counted */
+#define SOCK_LOG_WINDOW_S 10.0
+#define SOCK_ACCEPT_REST_S 0.1 /* out of descriptors: the listener rests this long */
 
 enum sock_where {
   W_NONE,
@@ -159,7 +164,7 @@ struct sock_umsg {
   unsigned char room[];
 };
 
-enum sock_fd_kind { FD_LISTEN, FD_PEER, FD_PENDING };
+enum sock_fd_kind { FD_LISTEN, FD_PEER, FD_PENDING, FD_TIMER };
 
 struct sock_fdent {
   int kind;
@@ -168,9 +173,11 @@ struct sock_fdent {
 
 /* An accepted socket that has not said who it is yet. */
 struct sock_pending {
-  struct sock_fdent fe;
+  struct sock_fdent fe; /* fd -1: dropped, waiting in the graves for the end of progress() */
   struct sock_pending *next;
   size_t have;
+  double deadline; /* its hello is due (sock_now()) */
+  char peer[64];   /* "ip:port", for the log */
   struct sock_hello hello;
 };
 
@@ -214,10 +221,24 @@ struct sock_ep {
   int rank, nranks;
   uint64_t job;
   int epfd;
-  struct sock_fdent lfe; /* listener */
+  struct sock_fdent lfe; /* listener; -1 once every higher rank is connected */
+  struct sock_fdent tfe; /* timerfd: the hellos' deadlines, the log's window; -1 with lfe */
   struct sockaddr_in me;
+  char where[64];          /* me as "ip:port", for the log */
   struct sock_conn *conns; /* [nranks] */
-  struct sock_pending *pending;
+  struct sock_pending *pending, *pending_tail; /* waiting for their hello, oldest first */
+  int npending;
+  /* Dropped while progress() may still hold epoll events that point at
+   * them: freed at its end. */
+  struct sock_pending *graves;
+  double accept_rest; /* out of descriptors: the listener is out of the set until then */
+  /* the refusal log (door_refused) */
+  void (*log)(void *arg, const char *line);
+  void *log_arg;
+  double log_since;   /* the window's start */
+  int log_shown;      /* lines in this window */
+  int log_hidden;     /* refusals counted, not shown */
+  char log_last[256]; /* the latest of those */
   struct sock_req *cq, *cq_tail;
   size_t nsend, nrecv;
   uint64_t next_id; /* rendezvous ids */
@@ -684,7 +705,7 @@ static int rx_header(struct sock_ep *e, struct sock_conn *c, const struct sock_h
   struct sock_req *r;
 
   if (h->magic != SOCK_HDR_MAGIC || h->len > (uint64_t)SIZE_MAX / 2 || h->type < H_EAGER ||
-      h->type > H_DATA) {
+      h->type > H_DATA || (h->type == H_EAGER && h->len > SOCK_EAGER_MAX)) {
     sock_seterr(e, "sock rank %d: garbled stream from rank %d (header %#x type %u, length %llu)",
                 e->rank, c->peer, h->magic, h->type, (unsigned long long)h->len);
     return -EPROTO;
@@ -721,6 +742,8 @@ static int rx_header(struct sock_ep *e, struct sock_conn *c, const struct sock_h
   if (h->type == H_DATA) {
     r = take_by_id(&c->rndv_rx, &c->rndv_rx_tail, h->tag);
     if (!r || r->msg_len != h->len) {
+      if (r) /* out of the list: it fails here, not with the connection */
+        cq_push(e, r, -EPROTO, 0);
       sock_seterr(e, "sock rank %d: rank %d sent data no receive asked for", e->rank, c->peer);
       return -EPROTO;
     }
@@ -975,47 +998,229 @@ static void conn_tune(struct sock_ep *e, int fd) {
     e->stats.sndbuf_set++;
 }
 
-static void do_accept(struct sock_ep *e) {
-  for (;;) {
-    int fd = accept4(e->lfe.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    struct sock_pending *pd;
+/* ---- the door: the listener and the strangers at it ---- */
 
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED)
-        continue;
-      return; /* EAGAIN, or out of descriptors: the listener stays readable */
-    }
-    pd = calloc(1, sizeof(*pd));
-    if (!pd) {
-      close(fd);
-      continue;
-    }
-    sock_nodelay(fd);
-    pd->fe.kind = FD_PENDING;
-    pd->fe.fd = fd;
-    if (ep_ctl(e, EPOLL_CTL_ADD, &pd->fe, EPOLLIN)) {
-      close(fd);
-      free(pd);
-      continue;
-    }
-    pd->next = e->pending;
-    e->pending = pd;
+static double sock_now(void) {
+  struct timespec ts;
+
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* "ip:port" of an accepted peer. */
+static void fmt_peer(const struct sockaddr_storage *sa, socklen_t len, char *out, size_t outlen) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+
+  if (sa->ss_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)sa;
+
+    inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
+    snprintf(out, outlen, "%s:%u", ip, ntohs(in->sin_port));
+  } else if (sa->ss_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)(const void *)sa;
+
+    inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip));
+    snprintf(out, outlen, "[%s]:%u", ip, ntohs(in6->sin6_port));
+  } else {
+    snprintf(out, outlen, "a socket of family %d", (int)sa->ss_family);
   }
 }
 
-static void pending_drop(struct sock_ep *e, struct sock_pending *pd, bool close_fd) {
-  struct sock_pending **pp;
+static void door_emit(struct sock_ep *e, const char *line) {
+  if (e->log)
+    e->log(e->log_arg, line);
+  else
+    fprintf(stderr, "chorus[%d] warn sock: %s\n", e->rank, line);
+}
 
-  for (pp = &e->pending; *pp; pp = &(*pp)->next) {
+/* Tells the refusals counted in the window, in one line. */
+static void door_log_flush(struct sock_ep *e) {
+  char line[512];
+
+  if (!e->log_hidden)
+    return;
+  snprintf(line, sizeof(line),
+           "rank %d's listener %s: %d more connections refused in the last %.0f s, not shown one "
+           "by one (the latest %s)",
+           e->rank, e->where, e->log_hidden, sock_now() - e->log_since, e->log_last);
+  e->log_hidden = 0;
+  door_emit(e, line);
+}
+
+/* Sets the timer to the next thing due: the oldest hello's deadline, the
+ * end of a log window with refusals counted, the end of the listener's
+ * rest. */
+static void door_timer(struct sock_ep *e) {
+  struct itimerspec it = {{0, 0}, {0, 0}};
+  double due = 0;
+
+  if (e->tfe.fd < 0)
+    return;
+  if (e->pending)
+    due = e->pending->deadline;
+  if (e->log_hidden && (!due || e->log_since + SOCK_LOG_WINDOW_S < due))
+    due = e->log_since + SOCK_LOG_WINDOW_S;
+  if (e->accept_rest && (!due || e->accept_rest < due))
+    due = e->accept_rest;
+  if (due) {
+    it.it_value.tv_sec = (time_t)due;
+    it.it_value.tv_nsec = (long)((due - (double)(time_t)due) * 1e9);
+    if (!it.it_value.tv_sec && !it.it_value.tv_nsec)
+      it.it_value.tv_nsec = 1; /* zero would disarm it */
+  }
+  timerfd_settime(e->tfe.fd, TFD_TIMER_ABSTIME, &it, NULL);
+}
+
+/* One connection refused, in the log with the peer's address and why: the
+ * first SOCK_LOG_BURST of a window line by line, the rest counted and told
+ * at the window's end. */
+static void door_refused(struct sock_ep *e, const char *peer, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void door_refused(struct sock_ep *e, const char *peer, const char *fmt, ...) {
+  char why[256], line[512];
+  double now = sock_now();
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof(why), fmt, ap);
+  va_end(ap);
+  e->stats.refused++;
+  if (now - e->log_since >= SOCK_LOG_WINDOW_S) {
+    door_log_flush(e);
+    e->log_since = now;
+    e->log_shown = 0;
+  }
+  if (e->log_shown < SOCK_LOG_BURST) {
+    e->log_shown++;
+    snprintf(line, sizeof(line), "rank %d's listener %s refused the connection from %s: %s",
+             e->rank, e->where, peer, why);
+    door_emit(e, line);
+    return;
+  }
+  e->log_hidden++;
+  snprintf(e->log_last, sizeof(e->log_last), "from %.63s: %.180s", peer, why);
+}
+
+/* Out of the waiting list and closed; freed once progress() is done with
+ * its events (one of them may point at it). */
+static void pending_drop(struct sock_ep *e, struct sock_pending *pd, bool close_fd) {
+  struct sock_pending **pp, *prev = NULL;
+
+  for (pp = &e->pending; *pp; prev = *pp, pp = &(*pp)->next) {
     if (*pp == pd) {
       *pp = pd->next;
+      if (e->pending_tail == pd)
+        e->pending_tail = prev;
+      e->npending--;
       break;
     }
   }
   epoll_ctl(e->epfd, EPOLL_CTL_DEL, pd->fe.fd, NULL);
   if (close_fd)
     close(pd->fe.fd);
-  free(pd);
+  pd->fe.fd = -1;
+  pd->next = e->graves;
+  e->graves = pd;
+}
+
+static void graves_free(struct sock_ep *e) {
+  while (e->graves) {
+    struct sock_pending *pd = e->graves;
+
+    e->graves = pd->next;
+    free(pd);
+  }
+}
+
+/* Higher ranks that have not connected yet (they will). */
+static int ranks_expected(const struct sock_ep *e) {
+  int n = 0;
+
+  for (int i = e->rank + 1; i < e->nranks; i++)
+    n += e->conns[i].state == C_IDLE || e->conns[i].state == C_WAIT_ACCEPT;
+  return n;
+}
+
+/* Every higher rank is connected (or lost): nobody is to come, the door
+ * closes, and the connections waiting there with it. */
+static void door_close(struct sock_ep *e, const char *why) {
+  if (e->lfe.fd >= 0) {
+    epoll_ctl(e->epfd, EPOLL_CTL_DEL, e->lfe.fd, NULL);
+    close(e->lfe.fd);
+    e->lfe.fd = -1;
+  }
+  while (e->pending) {
+    door_refused(e, e->pending->peer, "%s", why);
+    pending_drop(e, e->pending, true);
+  }
+  door_log_flush(e);
+  if (e->tfe.fd >= 0) {
+    epoll_ctl(e->epfd, EPOLL_CTL_DEL, e->tfe.fd, NULL);
+    close(e->tfe.fd);
+    e->tfe.fd = -1;
+  }
+}
+
+static void door_check(struct sock_ep *e) {
+  if (e->lfe.fd >= 0 && e->peers_added && ranks_expected(e) == 0)
+    door_close(e, "every rank that connects to this one has: the listener closes");
+}
+
+/* Whether a waiting connection has sent anything yet. */
+static bool pending_spoke(const struct sock_pending *pd) {
+  char b;
+
+  return pd->have > 0 || recv(pd->fe.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+/* Too many wait for their hello: the oldest that said nothing among the
+ * SOCK_DROP_SCAN oldest (a rank's hello is there at once), else the
+ * oldest, is dropped. */
+static void pending_evict(struct sock_ep *e, int cap) {
+  struct sock_pending *pd, *victim = e->pending;
+  bool silent = false;
+  int i = 0;
+
+  for (pd = e->pending; pd && i < SOCK_DROP_SCAN; pd = pd->next, i++) {
+    if (!pending_spoke(pd)) {
+      victim = pd;
+      silent = true;
+      break;
+    }
+  }
+  door_refused(e, victim->peer,
+               "%d connections wait for their hello (at most %d while %d ranks are to connect): "
+               "the oldest %sis dropped",
+               e->npending, cap, ranks_expected(e), silent ? "that said nothing " : "");
+  pending_drop(e, victim, true);
+}
+
+/* Why hello h is refused, or NULL: it is a higher rank of this job that
+ * has not connected yet. */
+static const char *hello_refusal(const struct sock_ep *e, const struct sock_hello *h, char *why,
+                                 size_t len) {
+  const unsigned char *b = (const unsigned char *)h;
+
+  if (h->magic != SOCK_HELLO_MAGIC)
+    snprintf(why, len,
+             "not a Chorus sock hello (its first bytes: %02x %02x %02x %02x %02x %02x %02x %02x)",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
+  else if (h->job != e->job)
+    snprintf(why, len, "the hello of another job (job hash %#llx, this job's is %#llx)",
+             (unsigned long long)h->job, (unsigned long long)e->job);
+  else if (h->nranks != e->nranks)
+    snprintf(why, len, "a hello for a job of %d ranks; this one has %d", (int)h->nranks,
+             e->nranks);
+  else if (h->rank <= e->rank || h->rank >= e->nranks)
+    snprintf(why, len, "a hello of rank %d, which does not connect to rank %d", (int)h->rank,
+             e->rank);
+  else if (e->conns[h->rank].state == C_DEAD)
+    snprintf(why, len, "a hello of rank %d, whose connection was lost", (int)h->rank);
+  else if (e->conns[h->rank].fe.fd >= 0)
+    snprintf(why, len, "a hello of rank %d, which is connected already", (int)h->rank);
+  else
+    return NULL;
+  return why;
 }
 
 /* Reads an accepted socket's hello (exactly: what follows is the stream). */
@@ -1024,6 +1229,7 @@ static void pending_read(struct sock_ep *e, struct sock_pending *pd) {
     ssize_t n =
         recv(pd->fe.fd, (char *)&pd->hello + pd->have, sizeof(pd->hello) - pd->have, MSG_DONTWAIT);
     struct sock_conn *c;
+    char why[160];
     int fd;
 
     if (n < 0 && errno == EINTR)
@@ -1031,6 +1237,11 @@ static void pending_read(struct sock_ep *e, struct sock_pending *pd) {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
       return;
     if (n <= 0) {
+      if (n == 0)
+        door_refused(e, pd->peer, "it closed after %zu of the hello's %zu bytes", pd->have,
+                     sizeof(pd->hello));
+      else
+        door_refused(e, pd->peer, "%s before its hello", strerror(errno));
       pending_drop(e, pd, true);
       return;
     }
@@ -1038,9 +1249,8 @@ static void pending_read(struct sock_ep *e, struct sock_pending *pd) {
     if (pd->have < sizeof(pd->hello))
       continue;
     /* who is it? a stranger, or a rank we do not accept from: hang up */
-    if (pd->hello.magic != SOCK_HELLO_MAGIC || pd->hello.job != e->job ||
-        pd->hello.nranks != e->nranks || pd->hello.rank <= e->rank || pd->hello.rank >= e->nranks ||
-        e->conns[pd->hello.rank].fe.fd >= 0 || e->conns[pd->hello.rank].state == C_DEAD) {
+    if (hello_refusal(e, &pd->hello, why, sizeof(why))) {
+      door_refused(e, pd->peer, "%s", why);
       pending_drop(e, pd, true);
       return;
     }
@@ -1052,11 +1262,130 @@ static void pending_read(struct sock_ep *e, struct sock_pending *pd) {
     c->events = EPOLLIN;
     if (ep_ctl(e, EPOLL_CTL_ADD, &c->fe, EPOLLIN)) {
       conn_fail(e, c, errno, false);
-      return;
+    } else {
+      conn_up(e, c);
     }
-    conn_up(e, c);
+    door_check(e);
     return;
   }
+}
+
+/* Takes fd, just accepted from peer, as a connection waiting for its hello
+ * (read at once: a rank's is usually there). 0, or -errno with fd closed. */
+static int pending_add(struct sock_ep *e, int fd, const char *peer) {
+  int cap = SOCK_STRANGERS_MAX + ranks_expected(e);
+  struct sock_pending *pd;
+  int rc;
+
+  while (e->npending >= cap)
+    pending_evict(e, cap);
+  pd = calloc(1, sizeof(*pd));
+  if (!pd) {
+    close(fd);
+    door_refused(e, peer, "out of memory");
+    return -ENOMEM;
+  }
+  sock_nodelay(fd);
+  pd->fe.kind = FD_PENDING;
+  pd->fe.fd = fd;
+  pd->deadline = sock_now() + SOCK_HELLO_TIMEOUT_S;
+  snprintf(pd->peer, sizeof(pd->peer), "%s", peer);
+  rc = ep_ctl(e, EPOLL_CTL_ADD, &pd->fe, EPOLLIN);
+  if (rc) {
+    close(fd);
+    free(pd);
+    door_refused(e, peer, "epoll: %s", strerror(-rc));
+    return rc;
+  }
+  if (e->pending_tail)
+    e->pending_tail->next = pd;
+  else
+    e->pending = pd;
+  e->pending_tail = pd;
+  if ((uint32_t)++e->npending > e->stats.pending_max)
+    e->stats.pending_max = (uint32_t)e->npending;
+  pending_read(e, pd);
+  return 0;
+}
+
+/* Out of descriptors with none waiting to give back: the listener leaves
+ * the epoll set for SOCK_ACCEPT_REST_S (it would stay readable, and a
+ * sleeper would wake over and over); the kernel's backlog holds the rest. */
+static void door_rest(struct sock_ep *e, int err) {
+  if (e->accept_rest)
+    return;
+  epoll_ctl(e->epfd, EPOLL_CTL_DEL, e->lfe.fd, NULL);
+  e->accept_rest = sock_now() + SOCK_ACCEPT_REST_S;
+  door_refused(e, "the kernel's backlog", "accept: %s; not accepting for %.1f s", strerror(err),
+               SOCK_ACCEPT_REST_S);
+}
+
+static void do_accept(struct sock_ep *e) {
+  while (e->lfe.fd >= 0 && !e->accept_rest) {
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof(sa);
+    int fd = accept4(e->lfe.fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    char peer[64];
+
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED)
+        continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        if (e->pending) { /* give one back: the oldest waiting */
+          door_refused(e, e->pending->peer, "out of descriptors: the oldest waiting is dropped");
+          pending_drop(e, e->pending, true);
+          continue;
+        }
+        door_rest(e, errno);
+      }
+      break; /* EAGAIN: all taken */
+    }
+    fmt_peer(&sa, sl, peer, sizeof(peer));
+    pending_add(e, fd, peer);
+  }
+  door_timer(e);
+}
+
+/* The timer: hellos past their deadline, a log window's end, the end of
+ * the listener's rest. */
+static void door_tick(struct sock_ep *e) {
+  uint64_t ticks;
+  double now = sock_now();
+
+  if (e->tfe.fd < 0)
+    return;
+  while (read(e->tfe.fd, &ticks, sizeof(ticks)) > 0)
+    ;
+  while (e->pending && e->pending->deadline <= now) {
+    door_refused(e, e->pending->peer, "no hello within %.1f s (%zu of its %zu bytes came)",
+                 SOCK_HELLO_TIMEOUT_S, e->pending->have, sizeof(e->pending->hello));
+    pending_drop(e, e->pending, true);
+  }
+  if (e->log_hidden && now - e->log_since >= SOCK_LOG_WINDOW_S) {
+    door_log_flush(e);
+    e->log_since = now;
+    e->log_shown = 0;
+  }
+  if (e->accept_rest && e->accept_rest <= now) {
+    e->accept_rest = 0;
+    if (e->lfe.fd >= 0 && ep_ctl(e, EPOLL_CTL_ADD, &e->lfe, EPOLLIN) == 0)
+      do_accept(e);
+  }
+  door_timer(e);
+}
+
+int prov_sock_test_adopt(prov_t *p, int fd) {
+  struct sock_ep *e;
+  int rc;
+
+  if (!p || p->ops != &prov_sock_ops) {
+    close(fd);
+    return -EINVAL;
+  }
+  e = to_sock(p);
+  rc = pending_add(e, fd, "the test's socket");
+  door_timer(e);
+  return rc;
 }
 
 /* A connect finished (or failed). */
@@ -1092,7 +1421,8 @@ static void conn_event(struct sock_ep *e, struct sock_conn *c, uint32_t ev) {
 
 /* ---- interface address ---- */
 
-static int pick_address(const char *want, struct in_addr *out, char *why, size_t whylen) {
+static int pick_address(const char *want, const char *addr, struct in_addr *out, char *why,
+                        size_t whylen) {
   struct ifaddrs *ifs, *i;
   bool found = false;
 
@@ -1100,6 +1430,13 @@ static int pick_address(const char *want, struct in_addr *out, char *why, size_t
     want = getenv("FI_TCP_IFACE");
   if (want && !want[0])
     want = NULL;
+  if (!want && addr && addr[0]) {
+    if (inet_pton(AF_INET, addr, out) != 1) {
+      snprintf(why, whylen, "the address to listen on, \"%s\", is not an IPv4 address", addr);
+      return -EINVAL;
+    }
+    return 0;
+  }
   out->s_addr = htonl(INADDR_LOOPBACK);
   if (getifaddrs(&ifs) < 0) {
     if (!want)
@@ -1148,20 +1485,25 @@ static int sock_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_
   e->epfd = -1;
   e->lfe.kind = FD_LISTEN;
   e->lfe.fd = -1;
+  e->tfe.kind = FD_TIMER;
+  e->tfe.fd = -1;
+  e->log = cfg->log;
+  e->log_arg = cfg->log_arg;
   for (i = 0; i < e->nranks; i++) {
     e->conns[i].fe.kind = FD_PEER;
     e->conns[i].fe.fd = -1;
     e->conns[i].peer = i;
   }
   e->me.sin_family = AF_INET;
-  rc = pick_address(cfg->iface, &e->me.sin_addr, why, sizeof(why));
+  rc = pick_address(cfg->iface, cfg->sock_addr, &e->me.sin_addr, why, sizeof(why));
   if (rc) {
     prov_errf(errbuf, errlen, "sock: %s", why);
     goto out_free;
   }
   e->epfd = epoll_create1(EPOLL_CLOEXEC);
   e->lfe.fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (e->epfd < 0 || e->lfe.fd < 0) {
+  e->tfe.fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (e->epfd < 0 || e->lfe.fd < 0 || e->tfe.fd < 0) {
     rc = -errno;
     prov_errf(errbuf, errlen, "sock: %s", strerror(errno));
     goto out_free;
@@ -1175,7 +1517,11 @@ static int sock_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_
               strerror(errno));
     goto out_free;
   }
+  snprintf(e->where, sizeof(e->where), "%s:%u", inet_ntoa(e->me.sin_addr),
+           ntohs(e->me.sin_port));
   rc = ep_ctl(e, EPOLL_CTL_ADD, &e->lfe, EPOLLIN);
+  if (!rc)
+    rc = ep_ctl(e, EPOLL_CTL_ADD, &e->tfe, EPOLLIN);
   if (rc) {
     prov_errf(errbuf, errlen, "sock: epoll: %s", strerror(-rc));
     goto out_free;
@@ -1184,6 +1530,8 @@ static int sock_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_
   return 0;
 
 out_free:
+  if (e->tfe.fd >= 0)
+    close(e->tfe.fd);
   if (e->lfe.fd >= 0)
     close(e->lfe.fd);
   if (e->epfd >= 0)
@@ -1266,6 +1614,7 @@ static int sock_add_peers(prov_t *p, const void *const *addrs, const size_t *len
       conn_fail(e, c, errno, false);
     }
   }
+  door_check(e); /* the highest rank: nobody connects to it */
   return 0;
 
 out_bad:
@@ -1516,14 +1865,20 @@ static int sock_progress(prov_t *p) {
     case FD_LISTEN:
       do_accept(e);
       break;
+    case FD_TIMER:
+      door_tick(e);
+      break;
     case FD_PENDING:
-      pending_read(e, PROV_CONTAINER_OF(fe, struct sock_pending, fe));
+      if (fe->fd >= 0) /* else dropped by an earlier event of this batch */
+        pending_read(e, PROV_CONTAINER_OF(fe, struct sock_pending, fe));
       break;
     default:
       conn_event(e, PROV_CONTAINER_OF(fe, struct sock_conn, fe), ev[i].events);
       break;
     }
   }
+  if (e->graves)
+    graves_free(e);
   return e->cq ? cq_deliver(e) : 0;
 }
 
@@ -1584,6 +1939,8 @@ static void sock_close(prov_t *p) {
   }
   while (e->pending)
     pending_drop(e, e->pending, true);
+  graves_free(e);
+  door_log_flush(e);
   while (e->cq)
     cq_deliver(e);
   while (e->pool) {
@@ -1592,7 +1949,10 @@ static void sock_close(prov_t *p) {
     e->pool = m->next;
     free(m);
   }
-  close(e->lfe.fd);
+  if (e->lfe.fd >= 0)
+    close(e->lfe.fd);
+  if (e->tfe.fd >= 0)
+    close(e->tfe.fd);
   close(e->epfd);
   free(e->conns);
   free(e);
@@ -1605,6 +1965,7 @@ int prov_sock_stats(prov_t *p, prov_sock_stats_t *out) {
     return -EINVAL;
   e = to_sock(p);
   *out = e->stats;
+  out->listening = e->lfe.fd >= 0;
   out->sndbuf_max = 0;
   for (int i = 0; i < e->nranks; i++) {
     int v = 0;

@@ -13,18 +13,21 @@
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "mp.h"
+#include "prov_internal.h"
 #include "prov_sock_wire.h"
 #include "prov_test.h"
 
@@ -32,8 +35,23 @@
 #define MIB (1024 * 1024)
 #define EAGER_MAX SOCK_EAGER_MAX
 
-static prov_t *eps[2];
+static prov_t *eps[3];
+static int neps = 2;     /* ranks of the job in eps[] */
 static pid_t child = -1; /* a forked rank still to be reaped */
+
+/* What the endpoints logged (cfg->log): refusals at their listeners. */
+static char door_log[256 * 1024];
+static size_t door_log_len;
+static int door_log_lines;
+
+static void door_log_line(void *arg, const char *line) {
+  (void)arg;
+  door_log_lines++;
+  door_log_len += (size_t)snprintf(door_log + door_log_len, sizeof(door_log) - door_log_len, "%s\n",
+                                   line);
+  if (door_log_len >= sizeof(door_log))
+    door_log_len = sizeof(door_log) - 1;
+}
 
 static void setup(void) {
   /* ctest sets it; a direct run must stay on loopback too. */
@@ -41,7 +59,8 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-  pt_close_job(eps, 2);
+  pt_close_job(eps, 3);
+  neps = 2;
   if (child > 0) {
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
@@ -68,10 +87,9 @@ static void open_pair(void) {
 }
 
 static void progress_both(int rounds) {
-  for (int k = 0; k < rounds; k++) {
-    eps[0]->ops->progress(eps[0]);
-    eps[1]->ops->progress(eps[1]);
-  }
+  for (int k = 0; k < rounds; k++)
+    for (int i = 0; i < neps; i++)
+      eps[i]->ops->progress(eps[i]);
 }
 
 /* ---- 1. a truncated rendezvous leaves the stream in step ---- */
@@ -446,6 +464,32 @@ static int connect_to(const struct sock_addr *a) {
   return fd;
 }
 
+/* "127.0.0.1:port" of our end of fd, as the listener logs its peer. */
+static void fd_name(int fd, char *out, size_t len) {
+  struct sockaddr_in me;
+  socklen_t ml = sizeof(me);
+
+  cr_assert_eq(getsockname(fd, (struct sockaddr *)&me, &ml), 0);
+  snprintf(out, len, "%s:%u", inet_ntoa(me.sin_addr), ntohs(me.sin_port));
+}
+
+/* The log has a line refusing the connection from `who`, with `what` in
+ * it (NULL: any reason). */
+static bool door_logged(const char *who, const char *what) {
+  char pat[96];
+  const char *p = door_log;
+
+  snprintf(pat, sizeof(pat), "refused the connection from %s: ", who);
+  while ((p = strstr(p, pat))) {
+    const char *eol = strchr(p, '\n'), *hit = what ? strstr(p, what) : p;
+
+    if (hit && (!eol || hit < eol))
+      return true;
+    p += strlen(pat);
+  }
+  return false;
+}
+
 /* True once rank 0 hung up on fd (EOF or reset), progressing the job. */
 static bool hung_up(int fd, double ms) {
   double end = pt_now_ms() + ms;
@@ -476,9 +520,9 @@ static void exchange(int from, int to, uint64_t tag, size_t len) {
   r.buf = xmalloc(len);
   pt_fill(s.buf, len, tag);
   s.op.data = tag;
-  cr_assert_eq(pt_recv(eps, 2, eps[to], from, &r, len, tag, 1000), 0);
-  cr_assert_eq(pt_send(eps, 2, eps[from], to, &s, len, tag, 1000), 0);
-  cr_assert(pt_drive(eps, 2, all, 2, 10000), "%d -> %d: %s / %s", from, to, eps[0]->last_error,
+  cr_assert_eq(pt_recv(eps, neps, eps[to], from, &r, len, tag, 1000), 0);
+  cr_assert_eq(pt_send(eps, neps, eps[from], to, &s, len, tag, 1000), 0);
+  cr_assert(pt_drive(eps, neps, all, 2, 10000), "%d -> %d: %s / %s", from, to, eps[0]->last_error,
             eps[1]->last_error);
   cr_assert_eq(s.status, 0, "%d -> %d send: %d %s", from, to, s.status, eps[from]->last_error);
   cr_assert_eq(r.status, 0, "%d -> %d recv: %d %s", from, to, r.status, eps[to]->last_error);
@@ -497,11 +541,15 @@ static void strangers(const struct sock_addr *a0, const struct sock_hello *hello
   int fd[16], quiet;
   double end;
 
+  char name[16][64], qname[64];
+
   cr_assert_leq(n, 16);
   quiet = connect_to(a0);
+  fd_name(quiet, qname, sizeof(qname));
   close(quiet);
   for (int i = 0; i < n; i++) {
     fd[i] = connect_to(a0);
+    fd_name(fd[i], name[i], sizeof(name[i]));
     cr_assert_eq(write(fd[i], &hellos[i], sizeof(hellos[i])), (ssize_t)sizeof(hellos[i]));
   }
   for (int i = 0; i < n; i++) {
@@ -509,7 +557,11 @@ static void strangers(const struct sock_addr *a0, const struct sock_hello *hello
               "stranger %d (magic %#x, rank %d of %d, job %#llx) was not hung up on", i,
               hellos[i].magic, hellos[i].rank, hellos[i].nranks, (unsigned long long)hellos[i].job);
     close(fd[i]);
+    /* and named in the log, with why */
+    cr_assert(door_logged(name[i], NULL), "no refusal of %s logged:\n%s", name[i], door_log);
   }
+  cr_assert(door_logged(qname, "closed after 0 of the hello's 24 bytes"),
+            "the connection closed at once is not logged:\n%s", door_log);
   /* rank 0 closed its ends of every one of them, the quiet one too */
   end = pt_now_ms() + 5000;
   while (mp_count_fds() != fds_expected && pt_now_ms() < end)
@@ -518,29 +570,61 @@ static void strangers(const struct sock_addr *a0, const struct sock_hello *hello
                mp_count_fds(), fds_expected);
 }
 
-Test(sock, strangers_on_the_listener) {
-  unsigned char addr[2][sizeof(struct sock_addr)];
-  const void *addrs[2] = {addr[0], addr[1]};
-  size_t lens[2] = {sizeof(addr[0]), sizeof(addr[1])};
-  struct sock_addr a0;
+/* Opens ranks 0..n-1 of a job (their refusals logged into door_log) and
+ * gives rank 0 its peers; the others are left to add_peers() (connect). */
+static void open_job_at_door(int n, const char *name, unsigned char addr[][sizeof(struct sock_addr)],
+                             struct sock_addr *a0) {
   char job[64], err[256];
-  int fds_before, fds;
 
-  fds_before = mp_count_fds();
-  /* Both ranks open, only rank 0 has its peers: rank 1 has not connected
-   * yet, its place at rank 0 is free. */
-  snprintf(job, sizeof(job), "strangers-%d", (int)getpid());
-  for (int i = 0; i < 2; i++) {
-    prov_config_t cfg = {.name = "sock", .rank = i, .nranks = 2, .job_id = job};
+  snprintf(job, sizeof(job), "%s-%d", name, (int)getpid());
+  door_log_len = 0;
+  door_log[0] = '\0';
+  door_log_lines = 0;
+  neps = n;
+  for (int i = 0; i < n; i++) {
+    prov_config_t cfg = {
+        .name = "sock", .rank = i, .nranks = n, .job_id = job, .log = door_log_line};
+    size_t len = sizeof(struct sock_addr);
 
     cr_assert_eq(prov_open(&cfg, &eps[i], err, sizeof(err)), 0, "open: %s", err);
-    cr_assert_eq(eps[i]->ops->getname(eps[i], addr[i], &lens[i]), 0);
-    cr_assert_eq(lens[i], sizeof(struct sock_addr));
+    cr_assert_eq(eps[i]->ops->getname(eps[i], addr[i], &len), 0);
+    cr_assert_eq(len, sizeof(struct sock_addr));
   }
-  memcpy(&a0, addr[0], sizeof(a0));
-  cr_assert_eq(a0.rank, 0);
-  cr_assert_eq(a0.ip, htonl(INADDR_LOOPBACK), "not on loopback: %#x", ntohl(a0.ip));
-  cr_assert_eq(eps[0]->ops->add_peers(eps[0], addrs, lens, 2), 0, "%s", eps[0]->last_error);
+  memcpy(a0, addr[0], sizeof(*a0));
+  cr_assert_eq(a0->rank, 0);
+  cr_assert_eq(a0->ip, htonl(INADDR_LOOPBACK), "not on loopback: %#x", ntohl(a0->ip));
+}
+
+static void add_peers_of(int r, unsigned char addr[][sizeof(struct sock_addr)], int n) {
+  const void *addrs[3];
+  size_t lens[3];
+
+  for (int i = 0; i < n; i++) {
+    addrs[i] = addr[i];
+    lens[i] = sizeof(struct sock_addr);
+  }
+  cr_assert_eq(eps[r]->ops->add_peers(eps[r], addrs, lens, n), 0, "%s", eps[r]->last_error);
+}
+
+static bool listening(prov_t *p) {
+  prov_sock_stats_t st;
+
+  cr_assert_eq(prov_sock_stats(p, &st), 0);
+  return st.listening;
+}
+
+Test(sock, strangers_on_the_listener) {
+  unsigned char addr[3][sizeof(struct sock_addr)];
+  struct sock_addr a0;
+  int fds_before, fds, refused;
+  struct sockaddr_in sa;
+
+  fds_before = mp_count_fds();
+  /* Three ranks open, only rank 0 has its peers: ranks 1 and 2 have not
+   * connected yet, their places at rank 0 are free. */
+  open_job_at_door(3, "strangers", addr, &a0);
+  add_peers_of(0, addr, 3);
+  cr_assert(listening(eps[0]));
   fds = mp_count_fds();
 
   /* 1. Hellos that are not of this job, all claiming the free place of
@@ -549,12 +633,12 @@ Test(sock, strangers_on_the_listener) {
    * not accept from: itself, one out of range, a negative one. */
   struct sock_hello early[] = {
       {0},
-      {SOCK_HELLO_MAGIC, 1, 2, 0, a0.job ^ 1},
-      {SOCK_HELLO_MAGIC ^ 0x100, 1, 2, 0, a0.job},
-      {SOCK_HELLO_MAGIC, 1, 3, 0, a0.job},
-      {SOCK_HELLO_MAGIC, 0, 2, 0, a0.job},
-      {SOCK_HELLO_MAGIC, 5, 2, 0, a0.job},
-      {SOCK_HELLO_MAGIC, -1, 2, 0, a0.job},
+      {SOCK_HELLO_MAGIC, 1, 3, 0, a0.job ^ 1},
+      {SOCK_HELLO_MAGIC ^ 0x100, 1, 3, 0, a0.job},
+      {SOCK_HELLO_MAGIC, 1, 2, 0, a0.job},
+      {SOCK_HELLO_MAGIC, 0, 3, 0, a0.job},
+      {SOCK_HELLO_MAGIC, 5, 3, 0, a0.job},
+      {SOCK_HELLO_MAGIC, -1, 3, 0, a0.job},
   };
   cr_assert_eq(sizeof(struct sock_hello), 24);
   for (size_t i = 0; i < sizeof(early[0]); i++)
@@ -562,28 +646,259 @@ Test(sock, strangers_on_the_listener) {
   strangers(&a0, early, sizeof(early) / sizeof(early[0]), fds);
 
   /* the real rank 1 connects and gets through, both ways */
-  cr_assert_eq(eps[1]->ops->add_peers(eps[1], addrs, lens, 2), 0, "%s", eps[1]->last_error);
+  add_peers_of(1, addr, 3);
   exchange(1, 0, 0x51, 100);
   exchange(0, 1, 0x52, 100);
+  cr_assert(listening(eps[0]), "rank 0 closed its listener with rank 2 still to come");
   fds = mp_count_fds();
 
   /* 2. Rank 1 is connected: a second hello of rank 1, right in every
    * field, does not take its place; garbage again. */
   struct sock_hello late[] = {
-      {SOCK_HELLO_MAGIC, 1, 2, 0, a0.job},
+      {SOCK_HELLO_MAGIC, 1, 3, 0, a0.job},
       {0},
   };
   memcpy(&late[1], &early[0], sizeof(late[1]));
   strangers(&a0, late, 2, fds);
+
+  /* 3. Rank 2 connects: nobody else is to come to rank 0 (nor to 1, nor
+   * to 2, the highest), and every listener closes: a stranger now finds
+   * no door at all. */
+  add_peers_of(2, addr, 3);
+  exchange(2, 0, 0x55, 100);
+  exchange(1, 2, 0x56, 100);
+  for (int i = 0; i < 3; i++)
+    cr_assert(!listening(eps[i]), "rank %d still listens with every peer connected", i);
+  sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = a0.ip, .sin_port = a0.port};
+  {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    cr_assert_geq(fd, 0);
+    cr_assert_neq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0,
+                  "rank 0's listener still takes connections");
+    cr_assert_eq(errno, ECONNREFUSED, "connect: %s", strerror(errno));
+    close(fd);
+  }
+  refused = door_log_lines;
+  cr_assert_eq(refused, 1 + 7 + 1 + 2, "refusals logged: %d\n%s", refused, door_log);
 
   /* the job goes on, both ways, eager and rendezvous */
   exchange(0, 1, 0x61, 1000);
   exchange(1, 0, 0x62, 1000);
   exchange(0, 1, 0x63, 300 * KIB);
   exchange(1, 0, 0x64, 300 * KIB);
-  pt_close_job(eps, 2);
+  exchange(2, 1, 0x65, 300 * KIB);
+  pt_close_job(eps, 3);
   cr_assert_eq(mp_count_fds(), fds_before, "descriptors left after close: %d, not %d",
                mp_count_fds(), fds_before);
+}
+
+/* ---- 4b. silent strangers: a deadline and a cap ---- */
+
+/* One that connects and says nothing is hung up on at the hello's
+ * deadline (5 s), and the endpoint's sleeper is woken for it: rank 0
+ * sleeps on its wait_fd and nothing else happens meanwhile. */
+Test(sock, a_silent_stranger_is_shown_out_at_its_deadline) {
+  unsigned char addr[2][sizeof(struct sock_addr)];
+  struct sock_addr a0;
+  char name[64];
+  double t0, took;
+  int fd, fds;
+
+  open_job_at_door(2, "deadline", addr, &a0);
+  add_peers_of(0, addr, 2);
+  fds = mp_count_fds();
+  fd = connect_to(&a0);
+  fd_name(fd, name, sizeof(name));
+  t0 = pt_now_ms();
+  /* accepted, then asleep until woken */
+  for (int k = 0; k < 10; k++)
+    eps[0]->ops->progress(eps[0]);
+  cr_assert_eq(mp_count_fds(), fds + 2, "the stranger was not accepted");
+  for (;;) {
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+
+    cr_assert(pt_now_ms() - t0 < 8000, "the silent stranger is still connected after 8 s");
+    cr_assert_eq(eps[0]->ops->arm(eps[0]), 0);
+    pt_poll_fd(eps[0], 8000);
+    eps[0]->ops->disarm(eps[0]);
+    eps[0]->ops->progress(eps[0]);
+    if (poll(&pfd, 1, 0) == 1)
+      break;
+  }
+  took = pt_now_ms() - t0;
+  cr_assert(took > 4000, "hung up after %.0f ms, before the hello's deadline", took);
+  cr_assert(hung_up(fd, 1000));
+  close(fd);
+  cr_assert(door_logged(name, "no hello within 5.0 s"), "not logged:\n%s", door_log);
+  cr_assert_eq(mp_count_fds(), fds, "the stranger's descriptor is kept");
+  /* and rank 1 still gets in */
+  add_peers_of(1, addr, 2);
+  exchange(1, 0, 0x71, 100);
+  exchange(0, 1, 0x72, 100 * KIB);
+  cr_assert(!listening(eps[0]));
+}
+
+#define NSILENT 1100
+#define SILENT_PROCS 4
+
+/* Holds up to n silent connections to a0 open until told to stop (a byte
+ * on go), then exits; reports how many it made on rep. */
+static void silent_client(const struct sock_addr *a0, int n, int rep, int go) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = a0->ip, .sin_port = a0->port};
+  int made = 0;
+  char b;
+
+  for (int i = 0; i < n; i++) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+      if (fd >= 0)
+        close(fd);
+      continue;
+    }
+    made++;
+  }
+  if (write(rep, &made, sizeof(made)) != (ssize_t)sizeof(made))
+    _exit(2);
+  if (read(go, &b, 1) < 0)
+    _exit(3);
+  _exit(0);
+}
+
+/* 1,100 silent connections, from other processes, to a rank that may have
+ * 1,024 descriptors: its descriptors stay within 50 of its normal count
+ * while they come (at most SOCK_STRANGERS_MAX wait), each refusal is
+ * counted in the log (line by line, then in a summary line), and the job
+ * is correct afterwards. */
+Test(sock, a_flood_of_silent_strangers_is_bounded, .timeout = 120) {
+  unsigned char addr[2][sizeof(struct sock_addr)];
+  struct rlimit rl = {1024, 1024};
+  struct sock_addr a0;
+  pid_t kids[SILENT_PROCS];
+  int rep[2], go[2], made = 0, fds, peak = 0, got = 0, shown, summed = 0;
+  prov_sock_stats_t st;
+  double end;
+  const char *p;
+
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = 1024;
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0, "setrlimit: %s", strerror(errno));
+  open_job_at_door(2, "flood", addr, &a0);
+  add_peers_of(0, addr, 2);
+  fds = mp_count_fds();
+  cr_assert_eq(pipe(rep), 0);
+  cr_assert_eq(pipe(go), 0);
+  fflush(NULL);
+  for (int k = 0; k < SILENT_PROCS; k++) {
+    kids[k] = fork();
+    cr_assert_geq(kids[k], 0);
+    if (kids[k] == 0) {
+      close(rep[0]);
+      close(go[1]);
+      silent_client(&a0, (NSILENT + SILENT_PROCS - 1) / SILENT_PROCS, rep[1], go[0]);
+    }
+  }
+  close(rep[1]);
+  close(go[0]);
+  /* rank 0 runs while they come, and a while after */
+  fcntl(rep[0], F_SETFL, O_NONBLOCK);
+  end = pt_now_ms() + 60000;
+  while (got < SILENT_PROCS && pt_now_ms() < end) {
+    int m;
+
+    progress_both(1);
+    if (mp_count_fds() > peak)
+      peak = mp_count_fds();
+    if (read(rep[0], &m, sizeof(m)) == (ssize_t)sizeof(m)) {
+      made += m;
+      got++;
+    }
+  }
+  cr_assert_eq(got, SILENT_PROCS, "the clients did not finish connecting");
+  cr_assert_geq(made, NSILENT, "only %d silent connections were made", made);
+  for (end = pt_now_ms() + 1000; pt_now_ms() < end;) {
+    progress_both(1);
+    if (mp_count_fds() > peak)
+      peak = mp_count_fds();
+  }
+  cr_assert_eq(prov_sock_stats(eps[0], &st), 0);
+  cr_log_info("%d silent connections: rank 0 at %d descriptors normally, %d at most; %llu "
+              "refused, %u waiting at most",
+              made, fds, peak, (unsigned long long)st.refused, st.pending_max);
+  cr_assert_leq(peak, fds + 50, "%d silent connections took rank 0 from %d to %d descriptors", made,
+                fds, peak);
+  cr_assert_geq(st.refused, (uint64_t)made - st.pending_max);
+
+  /* the real rank 1 gets in, the door closes, the job is correct */
+  add_peers_of(1, addr, 2);
+  exchange(1, 0, 0x81, 100);
+  exchange(0, 1, 0x82, 300 * KIB);
+  exchange(1, 0, 0x83, 300 * KIB);
+  cr_assert(!listening(eps[0]));
+  cr_assert_eq(prov_sock_stats(eps[0], &st), 0);
+  cr_assert_eq(st.refused, (uint64_t)made, "%d silent connections, %llu refused", made,
+               (unsigned long long)st.refused);
+  /* every refusal in the log: a line each up to the burst, the rest
+   * counted in summary lines, none left out */
+  shown = 0;
+  for (p = door_log; (p = strstr(p, "refused the connection from ")); p++)
+    shown++;
+  for (p = door_log; (p = strstr(p, ": ")) && (p = strstr(p, " more connections refused"));) {
+    const char *q = p;
+
+    while (q > door_log && q[-1] >= '0' && q[-1] <= '9')
+      q--;
+    summed += atoi(q);
+    p++;
+  }
+  cr_assert_leq(shown, 40, "%d refusals logged one by one: the log is flooded", shown);
+  cr_assert_eq(shown + summed, made, "refusals in the log: %d shown, %d summed, of %d", shown,
+               summed, made);
+  cr_assert_leq(mp_count_fds(), fds + 50);
+  cr_assert_eq(write(go[1], "x", 1), 1);
+  close(go[1]);
+  close(rep[0]);
+  for (int k = 0; k < SILENT_PROCS; k++)
+    waitpid(kids[k], NULL, 0);
+  exchange(0, 1, 0x84, 1000);
+}
+
+/* A rank whose DATA header does not match the receive its CTS named (a
+ * garbled stream): that receive fails, with the connection, instead of
+ * being left out of every list to wait forever (found by
+ * fuzz_sock_stream). The peer is a socketpair handed to rank 0 as an
+ * accepted connection. */
+Test(sock, a_garbled_data_header_fails_its_receive) {
+  unsigned char addr[2][sizeof(struct sock_addr)];
+  struct sock_addr a0;
+  struct sock_hdr rts = {SOCK_HDR_MAGIC, H_RTS, 3, 65537, 9, 77};
+  struct sock_hdr data = {SOCK_HDR_MAGIC, H_DATA, 1, 5, 0, 0};
+  struct sock_hello h;
+  static pt_op_t r;
+  pt_op_t *one[1] = {&r};
+  int sv[2];
+
+  open_job_at_door(2, "garbled", addr, &a0);
+  add_peers_of(0, addr, 2);
+  h = (struct sock_hello){SOCK_HELLO_MAGIC, 1, 2, 0, a0.job};
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  cr_assert_eq(prov_sock_test_adopt(eps[0], sv[0]), 0);
+  pt_op_init(&r);
+  r.buf = xmalloc(65537);
+  cr_assert_eq(eps[0]->ops->post_recv(eps[0], 1, r.buf, 65537, 3, &r.op), 0);
+  cr_assert_eq(write(sv[1], &h, sizeof(h)), (ssize_t)sizeof(h));
+  cr_assert_eq(write(sv[1], &rts, sizeof(rts)), (ssize_t)sizeof(rts));
+  for (int k = 0; k < 20; k++)
+    eps[0]->ops->progress(eps[0]);
+  cr_assert_eq(r.calls, 0);
+  cr_assert_eq(write(sv[1], &data, sizeof(data)), (ssize_t)sizeof(data));
+  drive_until(eps[0], one, 1, 5000);
+  cr_assert_eq(r.calls, 1, "the receive whose DATA came garbled never completed");
+  cr_assert_lt(r.status, 0, "status %d", r.status);
+  cr_log_info("garbled DATA: status %d, %s", r.status, eps[0]->last_error);
+  free(r.buf);
+  close(sv[1]);
 }
 
 /* ---- 5. the interface ---- */
