@@ -89,7 +89,8 @@
 #define BOOT_HELLO_TIMEOUT_S 5.0 /* a client says Hello right after connecting */
 #define BOOT_MAX_STRANGERS 64    /* connections waiting for Hello beyond the ranks expected */
 #define BOOT_DROP_SCAN 16        /* silent candidates looked at when too many wait */
-#define BOOT_LOG_DROPS 32        /* dropped connections logged at warn level, then debug */
+#define BOOT_LOG_DROPS 32        /* dropped connections logged one by one a window, then counted */
+#define BOOT_LOG_WINDOW_S 10.0
 
 typedef Chorus__Boot__Envelope envelope_t;
 
@@ -301,7 +302,16 @@ struct boot_server {
   int nconns;
   TAILQ_HEAD(, srv_conn) pending; /* PENDING connections, oldest first */
   int npending;
-  int ndropped; /* strangers dropped so far (for the log's rate limit) */
+  /* The log's rate limit on dropped connections (srv_log_drop), by kind:
+   * [0] junk, silence, floods; [1] clients refused at their Hello
+   * (note_refusal), which a burst of junk must not hide. */
+  struct drop_log {
+    double since;      /* the window's start */
+    int shown, hidden; /* lines in this window; drops counted, not shown */
+    char last[320];    /* the latest of those */
+  } drops[2];
+  bool hello_refused; /* note_refusal: the drop logged next is a refused Hello */
+  bool drops_timer;   /* a summary line is due at the window's end */
   enum job_state state;
   bool stopping;
   int size;
@@ -345,17 +355,65 @@ static void conn_unpend(struct srv_conn *c) {
   }
 }
 
-/* One line per stranger dropped, naming it and why. A flood of them goes to
- * the debug level after the first BOOT_LOG_DROPS. */
-static void srv_log_drop(struct boot_server *srv, const struct srv_conn *c, const char *why) {
-  int level = srv->ndropped < BOOT_LOG_DROPS ? ENG_WARN : ENG_DEBUG;
+/* The drops counted but not shown, one line per kind. */
+static void srv_log_flush(struct boot_server *srv) {
+  static const char *const what[2] = {"connections dropped", "clients refused at their Hello"};
+  double now = now_s();
 
-  eng_log(level, 0, "bootstrap", "rendezvous %s: dropped the connection from %s: %s", srv->addr,
-          c->peer, why);
-  if (++srv->ndropped == BOOT_LOG_DROPS)
+  for (int k = 0; k < 2; k++) {
+    struct drop_log *d = &srv->drops[k];
+
+    if (!d->hidden)
+      continue;
     eng_log(ENG_WARN, 0, "bootstrap",
-            "rendezvous %s: %d connections dropped; further drops are logged at debug level",
-            srv->addr, BOOT_LOG_DROPS);
+            "rendezvous %s: %d more %s in the last %.0f s, not shown one by one (the latest %s)",
+            srv->addr, d->hidden, what[k], now - d->since, d->last);
+    d->hidden = 0;
+  }
+}
+
+static void on_drops_timer(evutil_socket_t fd, short what, void *arg) {
+  struct boot_server *srv = arg;
+
+  (void)fd;
+  (void)what;
+  srv->drops_timer = false;
+  srv_log_flush(srv);
+}
+
+/* One line per connection dropped, naming it and why, at the default
+ * level: BOOT_LOG_DROPS of each kind a BOOT_LOG_WINDOW_S window; past that
+ * they are counted and told in one line when the window ends. A refused
+ * Hello (wrong token, version, size, duplicate rank) has a budget of its
+ * own: a flood of junk does not hide it. */
+static void srv_log_drop(struct boot_server *srv, const struct srv_conn *c, const char *why) {
+  struct drop_log *d = &srv->drops[srv->hello_refused];
+  double now = now_s();
+
+  srv->hello_refused = false;
+  if (now - d->since >= BOOT_LOG_WINDOW_S) {
+    srv_log_flush(srv);
+    d->since = now;
+    d->shown = 0;
+  }
+  if (d->shown < BOOT_LOG_DROPS) {
+    eng_log(ENG_WARN, 0, "bootstrap", "rendezvous %s: dropped the connection from %s: %s",
+            srv->addr, c->peer, why);
+    if (++d->shown == BOOT_LOG_DROPS)
+      eng_log(ENG_WARN, 0, "bootstrap",
+              "rendezvous %s: %d %s in %.1f s; until %.0f s have passed, further ones are "
+              "counted and told in one line",
+              srv->addr, BOOT_LOG_DROPS, d == srv->drops ? "connections dropped" : "Hellos refused",
+              now - d->since, BOOT_LOG_WINDOW_S);
+    return;
+  }
+  d->hidden++;
+  snprintf(d->last, sizeof(d->last), "from %.64s: %.240s", c->peer, why);
+  if (!srv->drops_timer) {
+    struct timeval tv = to_tv(d->since + BOOT_LOG_WINDOW_S - now);
+
+    srv->drops_timer = event_base_once(srv->base, -1, EV_TIMEOUT, on_drops_timer, srv, &tv) == 0;
+  }
 }
 
 static void conn_free(struct srv_conn *c) {
@@ -618,6 +676,7 @@ static void note_refusal(struct boot_server *srv, struct srv_conn *c, uint32_t r
                          const char *why) {
   char buf[256];
 
+  srv->hello_refused = true; /* the drop that follows is logged as one */
   if (rank >= (uint32_t)srv->size)
     return;
   snprintf(buf, sizeof(buf), "rank %u: a client from %s claiming it was refused: %s", rank, c->peer,
@@ -1265,6 +1324,7 @@ static int srv_listen_fd(const char *port, double deadline) {
 static void srv_free(struct boot_server *srv) {
   int r;
 
+  srv_log_flush(srv); /* what the last window counted */
   if (srv->lis)
     evconnlistener_free(srv->lis);
   if (srv->relisten_ev)
@@ -1474,13 +1534,27 @@ static int send_all(int fd, const uint8_t *p, size_t len, double deadline) {
   return 0;
 }
 
-/* -EPIPE on end of file. */
-static int recv_all(int fd, uint8_t *p, size_t len, double deadline) {
+/* The first bytes of an answer, kept to say what answered when it is not
+ * a Chorus rendezvous. */
+struct frame_peek {
+  uint8_t b[64];
+  size_t n;
+};
+
+/* recv_all, keeping what came in peek (up to its size); -EPIPE on end of
+ * file. */
+static int recv_peek(int fd, uint8_t *p, size_t len, double deadline, struct frame_peek *peek) {
   while (len) {
     ssize_t n = recv(fd, p, len, 0);
     int rc;
 
     if (n > 0) {
+      if (peek && peek->n < sizeof(peek->b)) {
+        size_t k = sizeof(peek->b) - peek->n < (size_t)n ? sizeof(peek->b) - peek->n : (size_t)n;
+
+        memcpy(peek->b + peek->n, p, k);
+        peek->n += k;
+      }
       p += n;
       len -= (size_t)n;
       continue;
@@ -1500,28 +1574,88 @@ static int recv_all(int fd, uint8_t *p, size_t len, double deadline) {
   return 0;
 }
 
-static int recv_frame(int fd, double deadline, envelope_t **out) {
+/* Whether byte k of a frame's body can start an Envelope: every message a
+ * rendezvous sends is one field of the oneof (field 1..15, length-delimited,
+ * so its key is one byte). */
+static bool envelope_key(uint8_t k) {
+  return (k & 7) == 2 && (k >> 3) >= 1 && (k >> 3) <= 15;
+}
+
+/* One frame of at most max bytes. 0 or -errno (-EPIPE: end of file;
+ * -EBADMSG: garbage); -EPROTO when what came can not be what a Chorus
+ * rendezvous sends (a length over max or 0, a body that starts with no
+ * Envelope key): that is known from the first bytes, without waiting for
+ * the rest. With peek, the first bytes are kept there. */
+static int recv_frame_max(int fd, double deadline, uint32_t max, envelope_t **out,
+                          struct frame_peek *peek) {
   uint8_t hdr[4], *buf;
   uint32_t n;
   int rc;
 
-  rc = recv_all(fd, hdr, 4, deadline);
+  rc = recv_peek(fd, hdr, 4, deadline, peek);
   if (rc)
     return rc;
   n = get_be32(hdr);
-  if (n > BOOT_MAX_FRAME)
-    return -EMSGSIZE;
+  if (n > max)
+    return peek ? -EPROTO : -EMSGSIZE;
+  if (peek && n == 0)
+    return -EPROTO;
   buf = malloc(n ? n : 1);
   if (!buf)
     return -ENOMEM;
-  rc = recv_all(fd, buf, n, deadline);
+  rc = n ? recv_peek(fd, buf, 1, deadline, peek) : 0;
+  if (!rc && n && peek && !envelope_key(buf[0]))
+    rc = -EPROTO;
+  if (!rc && n > 1)
+    rc = recv_peek(fd, buf + 1, n - 1, deadline, peek);
   if (!rc) {
     *out = msg_unpack(buf, n);
     if (!*out)
-      rc = -EBADMSG;
+      rc = peek ? -EPROTO : -EBADMSG;
   }
   free(buf);
   return rc;
+}
+
+static int recv_frame(int fd, double deadline, envelope_t **out) {
+  return recv_frame_max(fd, deadline, BOOT_MAX_FRAME, out, NULL);
+}
+
+/* What the bytes of a peer that is no Chorus rendezvous look like, for the
+ * message: HTTP (its status line), text, or the first bytes in hex. What
+ * more is there to read comes first (a status line is longer than a
+ * frame's header), briefly. */
+static void describe_stranger(int fd, struct frame_peek *peek, char *out, size_t len) {
+  double until = now_s() + 0.2;
+  size_t i, text = 0;
+  int o;
+
+  while (peek->n < sizeof(peek->b) && wait_fd(fd, POLLIN, until) == 0) {
+    ssize_t k = recv(fd, peek->b + peek->n, sizeof(peek->b) - peek->n, MSG_DONTWAIT);
+
+    if (k <= 0)
+      break;
+    peek->n += (size_t)k;
+  }
+  for (i = 0; i < peek->n; i++) {
+    uint8_t c = peek->b[i];
+
+    if (c == '\r' || c == '\n')
+      break;
+    if (c < 0x20 || c > 0x7e)
+      break;
+  }
+  text = i;
+  if (text >= 4) {
+    bool http = peek->n >= 5 && memcmp(peek->b, "HTTP/", 5) == 0;
+
+    snprintf(out, len, "%s: \"%.*s\"", http ? "it looks like HTTP" : "it sent text", (int)text,
+             (const char *)peek->b);
+    return;
+  }
+  o = snprintf(out, len, "its first bytes:");
+  for (i = 0; i < peek->n && i < 16 && o > 0 && (size_t)o < len; i++)
+    o += snprintf(out + o, len - (size_t)o, " %02x", peek->b[i]);
 }
 
 static int send_env(int fd, const envelope_t *env, double deadline) {
@@ -1569,9 +1703,25 @@ static int code_of(Chorus__Boot__ErrorCode code) {
 static int client_recv(boot_t *b, Chorus__Boot__Envelope__MsgCase want, const char *what,
                        double deadline, double waited_s, envelope_t **out, char *err,
                        size_t errlen) {
+  /* the first answer is a Welcome (a host table) or an Error: bounded */
+  uint32_t max = want == CHORUS__BOOT__ENVELOPE__MSG_WELCOME
+                     ? (64u << 10) + (uint32_t)b->size * (BOOT_MAX_HOST + 16)
+                     : BOOT_MAX_FRAME;
+  struct frame_peek peek = {.n = 0};
   envelope_t *env = NULL;
-  int rc = recv_frame(b->fd, deadline, &env);
+  int rc = recv_frame_max(b->fd, deadline, max, &env, &peek);
 
+  /* bytes no rendezvous sends, or a piece of a frame's length and the end */
+  if (rc == -EPROTO || (rc == -EPIPE && peek.n > 0 && peek.n < 4)) {
+    char what_came[160];
+
+    describe_stranger(b->fd, &peek, what_came, sizeof(what_came));
+    return client_fail(b, CHORUS_ERR_BOOTSTRAP, err, errlen,
+                         "the rendezvous address %s answered with something that is not a Chorus "
+                         "rendezvous (%s) while we waited for %s: is another service listening "
+                         "there? (MASTER_ADDR:MASTER_PORT, or the rendezvous address given)",
+                         b->addr, what_came, what);
+  }
   if (rc == -ETIMEDOUT)
     return client_fail(b, CHORUS_ERR_TIMEOUT, err, errlen,
                        "no %s from the rendezvous server %s within %.1f s", what, b->addr,

@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -585,6 +586,108 @@ Test(bootstrap, unresolvable_host) {
   cr_assert_eq(rc, CHORUS_ERR_TIMEOUT, "%d: %s", rc, err);
   cr_assert_null(b);
   cr_assert(strstr(err, "no-such-host.invalid"), "'%s'", err);
+}
+
+/* ---- something that is not a Chorus rendezvous at the address ---- */
+
+/* A server of another kind: accepts one connection, reads what the client
+ * sends, answers `answer` (alen bytes) and then closes, or (hold) keeps the
+ * connection open until the test ends. */
+struct stranger_srv {
+  int lfd, port;
+  const void *answer;
+  size_t alen;
+  bool hold;
+  pthread_t th;
+};
+
+static void *stranger_main(void *arg) {
+  struct stranger_srv *s = arg;
+  struct pollfd p = {.fd = -1, .events = POLLIN};
+  char buf[4096];
+  int fd = accept(s->lfd, NULL, NULL);
+
+  if (fd < 0)
+    return NULL;
+  p.fd = fd;
+  if (poll(&p, 1, 5000) == 1)
+    (void)recv(fd, buf, sizeof(buf), 0); /* the Hello, which it does not understand */
+  (void)send(fd, s->answer, s->alen, MSG_NOSIGNAL);
+  if (s->hold) {
+    while (poll(&p, 1, 10000) == 1 && recv(fd, buf, sizeof(buf), 0) > 0)
+      ;
+  }
+  close(fd);
+  return NULL;
+}
+
+static void stranger_start(struct stranger_srv *s, const void *answer, size_t alen, bool hold) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(a);
+
+  s->answer = answer;
+  s->alen = alen;
+  s->hold = hold;
+  s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert(s->lfd >= 0);
+  cr_assert(bind(s->lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
+  cr_assert(listen(s->lfd, 4) == 0);
+  cr_assert(getsockname(s->lfd, (struct sockaddr *)&a, &len) == 0);
+  s->port = ntohs(a.sin_port);
+  cr_assert(pthread_create(&s->th, NULL, stranger_main, s) == 0);
+}
+
+/* Rank 1 of 2 opens against the stranger (timeout 20 s): the error says at
+ * once what answered, with `needle` in it. */
+static void expect_not_chorus(const void *answer, size_t alen, bool hold, const char *needle) {
+  struct stranger_srv srv;
+  char addr[64], err[1024];
+  boot_t *b = (boot_t *)1;
+  double t0;
+  int rc;
+
+  stranger_start(&srv, answer, alen, hold);
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", srv.port);
+  boot_config_t cfg = {.rank = 1, .size = 2, .rendezvous = addr, .token = "", .timeout_s = 20.0};
+  t0 = now_s();
+  rc = boot_open(&cfg, &b, err, sizeof(err));
+  cr_log_info("%s", err);
+  cr_assert_eq(rc, CHORUS_ERR_BOOTSTRAP, "%d: %s", rc, err);
+  cr_assert_null(b);
+  cr_assert(now_s() - t0 < 3.0, "the error came after %.1f s", now_s() - t0);
+  cr_assert(strstr(err, "answered with something that is not a Chorus rendezvous"), "'%s'", err);
+  cr_assert(strstr(err, addr), "the error does not name the address: '%s'", err);
+  cr_assert(strstr(err, needle), "'%s' not in '%s'", needle, err);
+  cr_assert(!strstr(err, "Message too long"), "'%s'", err);
+  shutdown(srv.lfd, SHUT_RDWR);
+  pthread_join(srv.th, NULL);
+  close(srv.lfd);
+}
+
+Test(bootstrap, http_server_at_the_address) {
+  static const char http[] = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n"
+                             "Content-Length: 11\r\nConnection: close\r\n\r\nBad Request";
+
+  expect_not_chorus(http, sizeof(http) - 1, false, "it looks like HTTP: \"HTTP/1.1 400 Bad Request\"");
+  expect_not_chorus(http, sizeof(http) - 1, true, "it looks like HTTP: \"HTTP/1.1 400 Bad Request\"");
+}
+
+Test(bootstrap, other_servers_at_the_address) {
+  /* a store's binary answer that stays open: a length no Welcome has */
+  static const uint8_t store[] = {0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x07, 0x2a};
+  /* a plausible length, then a body that starts with no Envelope key */
+  static const uint8_t framed[] = {0x00, 0x00, 0x00, 0x10, 0x08, 0x96, 0x01, 0x00};
+  /* an empty frame, which a rendezvous never sends */
+  static const uint8_t empty[] = {0x00, 0x00, 0x00, 0x00};
+  /* a piece of a length, and the end */
+  static const uint8_t piece[] = {0x00, 0x00};
+  static const char banner[] = "SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n";
+
+  expect_not_chorus(store, sizeof(store), true, "its first bytes: 01 00 00 00 00 00 00 07 2a");
+  expect_not_chorus(framed, sizeof(framed), true, "its first bytes: 00 00 00 10 08");
+  expect_not_chorus(empty, sizeof(empty), true, "its first bytes: 00 00 00 00");
+  expect_not_chorus(piece, sizeof(piece), false, "its first bytes: 00 00");
+  expect_not_chorus(banner, sizeof(banner) - 1, true, "it sent text: \"SSH-2.0-OpenSSH_9.2p1");
 }
 
 Test(bootstrap, size_mismatch) {
