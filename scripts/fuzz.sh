@@ -27,7 +27,7 @@ fi
 cmake -S . -B "$dir" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCHORUS_FUZZ=ON -DCHORUS_BUILD_TESTS=OFF -DCHORUS_BUILD_MPI_BENCH=OFF >/dev/null
 targets=(fuzz_boot_server fuzz_boot_client fuzz_select fuzz_topo fuzz_settings fuzz_fault_spec
-  fuzz_trace_load fuzz_peer_record fuzz_rndv_desc)
+  fuzz_trace_load fuzz_peer_record fuzz_rndv_desc fuzz_sock_stream)
 cmake --build "$dir" -j"$(nproc)" --target fuzz_seeds "${targets[@]}"
 
 mkdir -p "$dir/corpus" "$dir/artifacts" "$dir/seeds"

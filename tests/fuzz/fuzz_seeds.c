@@ -14,6 +14,9 @@
  *                                multi addresses, as made and as split
  *   DIR/fuzz_rndv_desc/seed-*    rendezvous descriptors: in a region, in a
  *                                bounce region, by CMA, out of bounds, bad
+ *   DIR/fuzz_sock_stream/seed-*  scripts and a peer's sock streams: eager
+ *                                messages expected and not, rendezvous
+ *                                both ways (RTS, CTS, DATA), truncation
  *   DIR/fuzz_select.dict, DIR/fuzz_fault_spec.dict
  * Valid inputs let the fuzzers start deep in each decoder instead of
  * guessing protobuf framing from nothing.
@@ -28,6 +31,7 @@
 #include "bootstrap.pb-c.h"
 #include "endpoint.pb-c.h"
 #include "fuzz_common.h"
+#include "prov_sock_wire.h"
 #include "trace_fixture.h"
 
 struct buf {
@@ -697,6 +701,86 @@ static void rndv_desc_seeds(void) {
   save_desc(&n, 4096, 8192, 4096, 1, 0, 0x52414d43u, 0); /* not a descriptor */
 }
 
+/* ---- fuzz_sock_stream: a script, then the peer's pieces ---- */
+
+/* A rendezvous message is over 64 KiB: these seeds need more room. */
+struct sbuf {
+  uint8_t data[1 << 18];
+  size_t len;
+};
+
+static void sput(struct sbuf *b, const void *p, size_t n) {
+  if (b->len + n > sizeof(b->data)) {
+    fprintf(stderr, "fuzz_seeds: seed too large\n");
+    exit(1);
+  }
+  memcpy(b->data + b->len, p, n);
+  b->len += n;
+}
+
+static void put_sock_hdr(struct sbuf *b, uint32_t type, uint64_t tag, uint64_t len, uint64_t data,
+                         uint64_t cookie) {
+  struct sock_hdr h = {SOCK_HDR_MAGIC, type, tag, len, data, cookie};
+
+  sput(b, &h, sizeof(h));
+}
+
+static void put_bytes(struct sbuf *b, size_t n, uint8_t v) {
+  for (size_t i = 0; i < n; i++)
+    sput(b, &v, 1);
+}
+
+/* script (two bytes an op, fuzz_sock_stream.c), then FUZZ_SEP and pieces */
+static void save_sock(int *n, const char *script, size_t slen, struct sbuf *pieces, int npieces) {
+  struct sbuf *b = calloc(1, sizeof(*b));
+
+  if (!b)
+    exit(1);
+  sput(b, script, slen);
+  for (int i = 0; i < npieces; i++) {
+    sput(b, FUZZ_SEP, FUZZ_SEP_LEN);
+    sput(b, pieces[i].data, pieces[i].len);
+  }
+  save("fuzz_sock_stream", n, b->data, b->len);
+  free(b);
+}
+
+static void sock_stream_seeds(void) {
+  struct sbuf *pc = calloc(2, sizeof(*pc));
+  int n = 0;
+
+  if (!pc)
+    exit(1);
+  /* eager messages: one expected (R tag 1, 40 bytes), one not (tag 2) */
+  put_sock_hdr(&pc[0], H_EAGER, 1, 40, 7, 0);
+  put_bytes(&pc[0], 40, 0xab);
+  put_sock_hdr(&pc[0], H_EAGER, 2, 4097, 8, 0);
+  put_bytes(&pc[0], 4097, 0xcd);
+  save_sock(&n, "\x07\x00\x02\x11\x00\x00\x01\x03\x02\x22\x01\x03", 12, pc, 1);
+  /* a rendezvous to rank 0: RTS, its CTS goes out, then DATA (id 1) */
+  memset(pc, 0, 2 * sizeof(*pc));
+  put_sock_hdr(&pc[0], H_RTS, 3, 65537, 9, 77);
+  put_sock_hdr(&pc[1], H_DATA, 1, 65537, 0, 0);
+  put_bytes(&pc[1], 65537, 0x5a);
+  save_sock(&n, "\x07\x00\x02\x33\x00\x00\x01\x03\x05\x00\x00\x00\x01\x07", 14, pc, 2);
+  /* the same into a smaller receive (truncated), then an eager one */
+  put_sock_hdr(&pc[1], H_EAGER, 4, 1, 0, 0);
+  put_bytes(&pc[1], 1, 0x01);
+  save_sock(&n, "\x07\x00\x02\x23\x02\x0c\x00\x00\x01\x03\x05\x00\x00\x00\x01\x07", 16, pc, 2);
+  /* rank 0 sends a rendezvous (S 65537 bytes, tag 5, RTS id 1): the CTS */
+  memset(pc, 0, 2 * sizeof(*pc));
+  put_sock_hdr(&pc[0], H_CTS, 0, 0, 42, 1);
+  save_sock(&n, "\x07\x00\x03\x35\x01\x03\x05\x00\x00\x00\x01\x07\x05\x00", 14, pc, 1);
+  /* a stranger's hello, and garbage after a good one */
+  memset(pc, 0, 2 * sizeof(*pc));
+  put_bytes(&pc[0], 24, 0x41);
+  save_sock(&n, "\x00\x00\x01\x03", 4, pc, 1);
+  memset(pc, 0, 2 * sizeof(*pc));
+  put_sock_hdr(&pc[0], 9, 0, 0, 0, 0);
+  save_sock(&n, "\x07\x00\x00\x00\x01\x03\x06\x00\x01\x03", 10, pc, 1);
+  free(pc);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: fuzz_seeds DIR\n");
@@ -716,5 +800,6 @@ int main(int argc, char **argv) {
   trace_seeds();
   peer_record_seeds();
   rndv_desc_seeds();
+  sock_stream_seeds();
   return 0;
 }
