@@ -48,6 +48,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <limits.h>
 #include <math.h>
 #include <netdb.h>
@@ -1274,51 +1276,196 @@ static void *srv_main(void *arg) {
   return NULL;
 }
 
-/* Bind the rendezvous port on all interfaces: IPv6 dual-stack, else IPv4.
- * Retries while the port is in use (the previous communicator's server may
- * still be closing) until the deadline. Returns the fd or -errno. */
-static int srv_listen_fd(const char *port, double deadline) {
-  int one = 1, zero = 0;
+/* A numeric host (an IPv4 or IPv6 literal) as a socket address with `port`;
+ * false for a name. */
+static bool numeric_addr(const char *host, uint16_t port, struct sockaddr_storage *ss,
+                         socklen_t *sl) {
+  struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+  struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+
+  memset(ss, 0, sizeof(*ss));
+  if (host && inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(port);
+    *sl = sizeof(*a4);
+    return true;
+  }
+  if (host && inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(port);
+    *sl = sizeof(*a6);
+    return true;
+  }
+  return false;
+}
+
+/* One listening socket on ss, or -errno. */
+static int listen_on(const struct sockaddr_storage *ss, socklen_t sl, bool dual_stack) {
+  int one = 1, zero = 0, fd, rc;
+
+  fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (dual_stack)
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  if (bind(fd, (const struct sockaddr *)ss, sl) == 0 && listen(fd, 4096) == 0)
+    return fd;
+  rc = -errno;
+  close(fd);
+  return rc;
+}
+
+/* Bind the rendezvous port: on host's address only when host is numeric
+ * (what the ranks connect to is then exactly that address), else on all
+ * interfaces, IPv6 dual-stack or IPv4. Retries while the port is in use
+ * (the previous communicator's server may still be closing) until the
+ * deadline. Returns the fd or -errno. */
+static int srv_listen_fd(const char *host, const char *port, double deadline) {
+  uint16_t p = (uint16_t)atoi(port);
+  struct sockaddr_storage ss;
+  socklen_t sl;
   int fam, fd, rc = 0;
 
   for (;;) {
-    for (fam = 0; fam < 2; fam++) {
-      struct sockaddr_storage ss;
-      socklen_t sl;
-
-      memset(&ss, 0, sizeof(ss));
-      if (fam == 0) {
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-        a->sin6_family = AF_INET6;
-        a->sin6_addr = in6addr_any;
-        a->sin6_port = htons((uint16_t)atoi(port));
-        sl = sizeof(*a);
-      } else {
-        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-        a->sin_family = AF_INET;
-        a->sin_addr.s_addr = htonl(INADDR_ANY);
-        a->sin_port = htons((uint16_t)atoi(port));
-        sl = sizeof(*a);
-      }
-      fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (fd < 0) {
-        rc = -errno;
-        continue;
-      }
-      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      if (fam == 0)
-        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-      if (bind(fd, (struct sockaddr *)&ss, sl) == 0 && listen(fd, 4096) == 0)
+    if (numeric_addr(host, p, &ss, &sl)) {
+      fd = listen_on(&ss, sl, false);
+      if (fd >= 0)
         return fd;
-      rc = -errno;
-      close(fd);
-      if (rc == -EADDRINUSE)
-        break; /* the port, not the family, is the problem */
+      rc = fd;
+    } else {
+      for (fam = 0; fam < 2; fam++) {
+        memset(&ss, 0, sizeof(ss));
+        if (fam == 0) {
+          struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+          a->sin6_family = AF_INET6;
+          a->sin6_addr = in6addr_any;
+          a->sin6_port = htons(p);
+          sl = sizeof(*a);
+        } else {
+          struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+          a->sin_family = AF_INET;
+          a->sin_addr.s_addr = htonl(INADDR_ANY);
+          a->sin_port = htons(p);
+          sl = sizeof(*a);
+        }
+        fd = listen_on(&ss, sl, fam == 0);
+        if (fd >= 0)
+          return fd;
+        rc = fd;
+        if (rc == -EADDRINUSE)
+          break; /* the port, not the family, is the problem */
+      }
     }
     if (rc != -EADDRINUSE || now_s() + 0.05 >= deadline)
       return rc;
     sleep_s(0.05);
   }
+}
+
+/* Whether a name resolves to an address of this host (one a socket can
+ * bind). */
+static bool name_is_local(const char *host) {
+  struct addrinfo hints, *res, *ai;
+  bool local = false;
+
+  memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host, "0", &hints, &res))
+    return false;
+  for (ai = res; ai && !local; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+      continue;
+    local = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return local;
+}
+
+int boot_listen(const char *host, int *fd_out, char *addr, size_t addrlen, char *err,
+                size_t errlen) {
+  struct sockaddr_storage ss, bound;
+  socklen_t sl, bl = sizeof(bound);
+  bool v6;
+  int fd, n;
+
+  *fd_out = -1;
+  if (!host || !*host || strlen(host) > 253) {
+    eng_errf(err, errlen, "no usable rendezvous address to listen on (\"%s\")", host ? host : "");
+    return CHORUS_ERR_BOOTSTRAP;
+  }
+  if (numeric_addr(host, 0, &ss, &sl)) {
+    fd = listen_on(&ss, sl, false);
+  } else if (!name_is_local(host)) {
+    fd = -EADDRNOTAVAIL;
+  } else {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+    memset(&ss, 0, sizeof(ss));
+    a->sin6_family = AF_INET6;
+    a->sin6_addr = in6addr_any;
+    fd = listen_on(&ss, sizeof(*a), true);
+    if (fd < 0) {
+      struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+      memset(&ss, 0, sizeof(ss));
+      a4->sin_family = AF_INET;
+      a4->sin_addr.s_addr = htonl(INADDR_ANY);
+      fd = listen_on(&ss, sizeof(*a4), false);
+    }
+  }
+  if (fd < 0) {
+    eng_errf(err, errlen, "cannot listen for the rendezvous on %s: %s%s", host, strerror(-fd),
+             fd == -EADDRNOTAVAIL ? " (that address is not one of this host's)" : "");
+    return CHORUS_ERR_BOOTSTRAP;
+  }
+  if (getsockname(fd, (struct sockaddr *)&bound, &bl)) {
+    eng_errf(err, errlen, "cannot read the rendezvous port: %s", strerror(errno));
+    close(fd);
+    return CHORUS_ERR_BOOTSTRAP;
+  }
+  v6 = strchr(host, ':') != NULL;
+  n = snprintf(addr, addrlen, v6 ? "[%s]:%u" : "%s:%u", host,
+               (unsigned)ntohs(bound.ss_family == AF_INET6
+                                   ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                   : ((struct sockaddr_in *)&bound)->sin_port));
+  if (n < 0 || (size_t)n >= addrlen) {
+    eng_errf(err, errlen, "rendezvous address %s is too long", host);
+    close(fd);
+    return CHORUS_ERR_BOOTSTRAP;
+  }
+  *fd_out = fd;
+  return 0;
+}
+
+int boot_iface_address(const char *iface, char *out, size_t len, char *err, size_t errlen) {
+  struct ifaddrs *ifs, *i;
+  bool found = false;
+
+  snprintf(out, len, "127.0.0.1");
+  if (iface && !*iface)
+    iface = NULL;
+  if (getifaddrs(&ifs) < 0) {
+    if (!iface)
+      return 0;
+    eng_errf(err, errlen, "getifaddrs: %s", strerror(errno));
+    return -1;
+  }
+  for (i = ifs; i && !found; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP))
+      continue;
+    if (iface ? strcmp(i->ifa_name, iface) != 0 : (i->ifa_flags & IFF_LOOPBACK) != 0)
+      continue;
+    found = inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr, out,
+                      (socklen_t)len) != NULL;
+  }
+  freeifaddrs(ifs);
+  if (iface && !found) {
+    eng_errf(err, errlen, "interface \"%s\" has no IPv4 address that is up", iface);
+    return -1;
+  }
+  return 0;
 }
 
 static void srv_free(struct boot_server *srv) {
@@ -1427,16 +1574,19 @@ out_nomem:
   return CHORUS_ERR_NO_MEMORY;
 }
 
-static int srv_start(const boot_config_t *cfg, const char *port, double deadline,
+static int srv_start(const boot_config_t *cfg, const char *host, const char *port, double deadline,
                      struct boot_server **out, char *err, size_t errlen) {
   struct boot_server *srv;
   sigset_t all, old;
   int fd, rc;
 
   rc = srv_new(cfg, &srv, err, errlen);
-  if (rc)
+  if (rc) {
+    if (cfg->has_listen_fd)
+      close(cfg->listen_fd);
     return rc;
-  fd = srv_listen_fd(port, deadline);
+  }
+  fd = cfg->has_listen_fd ? cfg->listen_fd : srv_listen_fd(host, port, deadline);
   if (fd < 0) {
     eng_errf(err, errlen, "rank 0 cannot listen on port %s for the rendezvous %s: %s%s", port,
              cfg->rendezvous, strerror(-fd),
@@ -1902,6 +2052,8 @@ int boot_open(const boot_config_t *cfg, boot_t **out, char *err, size_t errlen) 
   char host[256], port[16];
   const char *token;
   double start = now_s(), deadline;
+  /* the caller's listener: ours to close until srv_start takes it */
+  int lfd = cfg && cfg->has_listen_fd ? cfg->listen_fd : -1;
   boot_t *b;
   int rc;
 
@@ -1909,33 +2061,39 @@ int boot_open(const boot_config_t *cfg, boot_t **out, char *err, size_t errlen) 
     *out = NULL;
   if (!cfg || !out || !cfg->rendezvous) {
     eng_errf(err, errlen, "boot_open: NULL %s", !cfg ? "config" : !out ? "out" : "rendezvous");
-    return CHORUS_ERR_INVALID_ARG;
+    rc = CHORUS_ERR_INVALID_ARG;
+    goto out_close_listener;
   }
   if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size) {
     eng_errf(err, errlen, "boot_open: rank %d out of range for a job of %d ranks", cfg->rank,
              cfg->size);
-    return CHORUS_ERR_INVALID_ARG;
+    rc = CHORUS_ERR_INVALID_ARG;
+    goto out_close_listener;
   }
   if (split_hostport(cfg->rendezvous, host, sizeof(host), port, sizeof(port))) {
     eng_errf(err, errlen, "boot_open: rendezvous '%s' is not host:port (port 1-65535)",
              cfg->rendezvous);
-    return CHORUS_ERR_INVALID_ARG;
+    rc = CHORUS_ERR_INVALID_ARG;
+    goto out_close_listener;
   }
   if (!(cfg->timeout_s > 0) || !isfinite(cfg->timeout_s)) {
     eng_errf(err, errlen, "boot_open: timeout %g s is not positive", cfg->timeout_s);
-    return CHORUS_ERR_INVALID_ARG;
+    rc = CHORUS_ERR_INVALID_ARG;
+    goto out_close_listener;
   }
   token = cfg->token ? cfg->token : "";
   if (strlen(token) > BOOT_MAX_TOKEN) {
     eng_errf(err, errlen, "boot_open: job token longer than %d bytes", BOOT_MAX_TOKEN);
-    return CHORUS_ERR_INVALID_ARG;
+    rc = CHORUS_ERR_INVALID_ARG;
+    goto out_close_listener;
   }
   deadline = start + cfg->timeout_s;
 
   b = calloc(1, sizeof(*b));
   if (!b) {
     eng_errf(err, errlen, "boot_open: out of memory");
-    return CHORUS_ERR_NO_MEMORY;
+    rc = CHORUS_ERR_NO_MEMORY;
+    goto out_close_listener;
   }
   b->rank = cfg->rank;
   b->size = cfg->size;
@@ -1946,9 +2104,15 @@ int boot_open(const boot_config_t *cfg, boot_t **out, char *err, size_t errlen) 
   if (cfg->rank == 0) {
     boot_config_t c = *cfg;
     c.token = token;
-    rc = srv_start(&c, port, deadline, &b->srv, err, errlen);
+    c.has_listen_fd = lfd >= 0;
+    c.listen_fd = lfd;
+    lfd = -1; /* srv_start's now, whatever happens */
+    rc = srv_start(&c, host, port, deadline, &b->srv, err, errlen);
     if (rc)
       goto out_free;
+  } else if (lfd >= 0) {
+    close(lfd); /* only rank 0 serves */
+    lfd = -1;
   }
   snprintf(b->host, sizeof(b->host), "%s", host);
   snprintf(b->port, sizeof(b->port), "%s", port);
@@ -1982,6 +2146,9 @@ out_free:
   free(b->token);
   free(b->hosts);
   free(b);
+out_close_listener:
+  if (lfd >= 0)
+    close(lfd);
   return rc;
 }
 

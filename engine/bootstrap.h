@@ -19,6 +19,7 @@
 #ifndef CHORUS_BOOTSTRAP_H
 #define CHORUS_BOOTSTRAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,12 +28,28 @@ typedef struct boot boot_t;
 typedef struct boot_config {
   int rank;
   int size;
-  const char *rendezvous; /* "host:port"; rank 0 listens on port (all interfaces of host) */
+  const char *rendezvous; /* "host:port"; rank 0 listens on port (host's address when host is
+                             a numeric address, else every interface) */
   const char *token;      /* job token; "" when none */
   double timeout_s;       /* connect + first round */
   /* rank 0: the watchdog's judge (watch_srv.h) in the server; tick 0: none */
   double watch_tick_s, watch_timeout_s, watch_peer_timeout_s;
+  /* rank 0: serve on listen_fd (made by boot_listen) instead of binding the
+   * rendezvous port; boot_open owns it from then on, failure included */
+  bool has_listen_fd;
+  int listen_fd;
 } boot_config_t;
+
+/* A rendezvous listener on a port the kernel picks, bound to `host` (a
+ * numeric address binds that address only; a name binds every interface,
+ * since a host's own name may resolve to a loopback address there). On
+ * success *fd is the listening socket and addr the "host:port" to give the
+ * ranks. Returns 0 or CHORUS_ERR_BOOTSTRAP with the reason in err. */
+int boot_listen(const char *host, int *fd, char *addr, size_t addrlen, char *err, size_t errlen);
+/* The IPv4 address of interface `iface`, else ("" or NULL) of the first up
+ * interface that is not loopback, else 127.0.0.1, as text. Returns 0, or -1
+ * with the reason in err when a named interface has no such address. */
+int boot_iface_address(const char *iface, char *out, size_t len, char *err, size_t errlen);
 
 /* Host identity of this machine ("hostname/boot_id"). */
 void boot_host_identity(char *out, size_t len);

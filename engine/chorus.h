@@ -109,6 +109,48 @@ CHORUS_API chorus_result chorus_comm_init(chorus_comm_t **comm, int rank, int si
  */
 CHORUS_API chorus_result chorus_comm_init_from_env(chorus_comm_t **comm);
 /*
+ * ---- Rendezvous through the caller's own channel (NCCL's unique id) ----
+ * For launchers and frameworks with a key-value store of their own (the
+ * PyTorch backend uses torch's c10d store): the process that will be rank 0
+ * calls chorus_get_unique_id(), hands the bytes to every rank through that
+ * channel (a store, MPI_Bcast, a file), and every rank, rank 0 included,
+ * calls chorus_comm_init_rank() with them.
+ *
+ * chorus_get_unique_id() makes rank 0's rendezvous listener at once, on a
+ * port the kernel picks (so it never collides with the launcher's ports),
+ * bound to one address only: CHORUS_RENDEZVOUS_ADDR when set, else
+ * MASTER_ADDR when it is an address of this host, else the first up
+ * non-loopback IPv4 interface (or the one CHORUS_SOCK_IFACE names), else
+ * 127.0.0.1 (a host name binds every interface, as it may resolve to a
+ * loopback address locally). The id carries that address and a fresh random
+ * job token, so only holders of the id can join. The listener belongs to the first communicator that rank
+ * 0 of this process creates from the id and closes once the ranks have
+ * met; chorus_unique_id_release() closes one never used. An id serves one
+ * communicator.
+ */
+#define CHORUS_UNIQUE_ID_BYTES 256
+typedef struct chorus_unique_id {
+  char internal[CHORUS_UNIQUE_ID_BYTES];
+} chorus_unique_id;
+
+/* Per-communicator options; zero fields take the environment's value. */
+typedef struct chorus_init_opts {
+  size_t struct_size;       /* sizeof(chorus_init_opts): set it (the struct may grow) */
+  double timeout_s;         /* CHORUS_TIMEOUT: a collective stuck this long fails everywhere */
+  double connect_timeout_s; /* CHORUS_CONNECT_TIMEOUT: forming the communicator */
+} chorus_init_opts;
+
+CHORUS_API chorus_result chorus_get_unique_id(chorus_unique_id *id);
+/* Close the listener of an id that no communicator used (a no-op for an id
+ * already used, or made by another process). */
+CHORUS_API chorus_result chorus_unique_id_release(const chorus_unique_id *id);
+/* Create a communicator of `size` ranks from an id (opts may be NULL).
+ * Collective over the `size` ranks; fails with CHORUS_ERR_INVALID_ARG when
+ * the bytes are not an id. */
+CHORUS_API chorus_result chorus_comm_init_rank(chorus_comm_t **comm, int size,
+                                               const chorus_unique_id *id, int rank,
+                                               const chorus_init_opts *opts);
+/*
  * Destroy a communicator; waits for (or cancels, after an error) what is in
  * flight, then releases everything it owns. Collective: every rank calls it.
  * After it returns the handle is invalid; passing it again returns

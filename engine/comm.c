@@ -1205,46 +1205,62 @@ chorus_result comm_register(chorus_comm_t *c) {
   return CHORUS_SUCCESS;
 }
 
-CHORUS_API chorus_result chorus_comm_init(chorus_comm_t **comm, int rank, int size,
-                                          const char *rendezvous) {
+chorus_result comm_init_with(chorus_comm_t **comm, const comm_init_t *in) {
+  const char *who = in->who;
   char err[1024];
   char host[256];
   chorus_comm_t *c;
   chorus_result ret;
-  int rc;
+  int rc, lfd = in->has_listen_fd ? in->listen_fd : -1;
 
-  if (!comm)
-    return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init: comm is NULL");
+  if (!comm) {
+    ret = eng_error(CHORUS_ERR_INVALID_ARG, "%s: comm is NULL", who);
+    goto out_close_listener;
+  }
   *comm = NULL;
-  if (size < 1 || size > 32767)
-    return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init: size %d out of range [1, 32767]",
-                     size);
-  if (rank < 0 || rank >= size)
-    return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init: rank %d out of range [0, %d)", rank,
-                     size);
-  if (!rendezvous || !*rendezvous || !strchr(rendezvous, ':'))
-    return eng_error(
-        CHORUS_ERR_INVALID_ARG, "chorus_comm_init: rendezvous must be \"host:port\", got %s%s%s",
-        rendezvous ? "\"" : "", rendezvous ? rendezvous : "NULL", rendezvous ? "\"" : "");
-  if (!(c = comm_alloc(rank, size)))
-    return eng_error(CHORUS_ERR_NO_MEMORY, "chorus_comm_init: out of memory");
+  if (in->size < 1 || in->size > 32767) {
+    ret = eng_error(CHORUS_ERR_INVALID_ARG, "%s: size %d out of range [1, 32767]", who, in->size);
+    goto out_close_listener;
+  }
+  if (in->rank < 0 || in->rank >= in->size) {
+    ret = eng_error(CHORUS_ERR_INVALID_ARG, "%s: rank %d out of range [0, %d)", who, in->rank,
+                    in->size);
+    goto out_close_listener;
+  }
+  if (!in->rendezvous || !*in->rendezvous || !strchr(in->rendezvous, ':')) {
+    ret = eng_error(CHORUS_ERR_INVALID_ARG, "%s: rendezvous must be \"host:port\", got %s%s%s", who,
+                    in->rendezvous ? "\"" : "", in->rendezvous ? in->rendezvous : "NULL",
+                    in->rendezvous ? "\"" : "");
+    goto out_close_listener;
+  }
+  if (!(c = comm_alloc(in->rank, in->size))) {
+    ret = eng_error(CHORUS_ERR_NO_MEMORY, "%s: out of memory", who);
+    goto out_close_listener;
+  }
   if (settings_load(&c->set, err, sizeof(err))) {
-    ret = eng_error(CHORUS_ERR_ENV, "rank %d: %s", rank, err);
+    ret = eng_error(CHORUS_ERR_ENV, "rank %d: %s", in->rank, err);
     goto out_free;
   }
+  if (in->timeout_s > 0)
+    c->set.timeout_s = in->timeout_s;
+  if (in->connect_timeout_s > 0)
+    c->set.connect_timeout_s = in->connect_timeout_s;
   global_init(&c->set);
   boot_host_identity(host, sizeof(host));
-  boot_config_t bc = {.rank = rank,
-                      .size = size,
-                      .rendezvous = rendezvous,
-                      .token = c->set.job_token,
+  boot_config_t bc = {.rank = in->rank,
+                      .size = in->size,
+                      .rendezvous = in->rendezvous,
+                      .token = in->token ? in->token : c->set.job_token,
                       .timeout_s = c->set.connect_timeout_s,
                       .watch_tick_s = c->set.trace ? c->set.watchdog_ms / 1000.0 : 0,
                       .watch_timeout_s = c->set.timeout_s,
-                      .watch_peer_timeout_s = c->set.peer_timeout_s};
+                      .watch_peer_timeout_s = c->set.peer_timeout_s,
+                      .has_listen_fd = lfd >= 0,
+                      .listen_fd = lfd};
+  lfd = -1; /* boot_open's from here on */
   rc = boot_open(&bc, &c->boot, err, sizeof(err));
   if (rc) {
-    ret = eng_error((chorus_result)rc, "rank %d: %s", rank, err);
+    ret = eng_error((chorus_result)rc, "rank %d: %s", in->rank, err);
     goto out_free;
   }
   if ((ret = comm_setup(c, host))) {
@@ -1260,13 +1276,24 @@ CHORUS_API chorus_result chorus_comm_init(chorus_comm_t **comm, int rank, int si
     eng_error(ret, "%s", c->last_error);
     goto out_free;
   }
-  eng_log(ENG_INFO, rank, "comm", "ready: %d ranks over %s", size, c->prov->name);
+  eng_log(ENG_INFO, in->rank, "comm", "ready: %d ranks over %s", in->size, c->prov->name);
   *comm = c;
   return CHORUS_SUCCESS;
 
 out_free:
   comm_free(c);
+out_close_listener:
+  if (lfd >= 0)
+    close(lfd);
   return ret;
+}
+
+CHORUS_API chorus_result chorus_comm_init(chorus_comm_t **comm, int rank, int size,
+                                          const char *rendezvous) {
+  comm_init_t in = {
+      .who = "chorus_comm_init", .rank = rank, .size = size, .rendezvous = rendezvous};
+
+  return comm_init_with(comm, &in);
 }
 
 CHORUS_API chorus_result chorus_comm_init_from_env(chorus_comm_t **comm) {

@@ -200,6 +200,19 @@ eng_local_job_t *eng_local_job_create_shared(int nranks);
  * recs[members[i]], or recs[i] without members; check_topo: refuse records
  * made under another CHORUS_TOPO); start the progress thread; register.
  * comm_free undoes whatever was done. */
+/* What creating a communicator over a rendezvous takes (chorus_comm_init,
+ * chorus_comm_init_rank). */
+typedef struct comm_init {
+  const char *who; /* the API call, for messages */
+  int rank, size;
+  const char *rendezvous;   /* "host:port" */
+  const char *token;        /* NULL: CHORUS_JOB_TOKEN */
+  bool has_listen_fd;       /* rank 0 serves on listen_fd (comm_init_with owns it) */
+  int listen_fd;
+  double timeout_s;         /* > 0: overrides CHORUS_TIMEOUT */
+  double connect_timeout_s; /* > 0: overrides CHORUS_CONNECT_TIMEOUT */
+} comm_init_t;
+chorus_result comm_init_with(chorus_comm_t **comm, const comm_init_t *in);
 chorus_comm_t *comm_alloc(int rank, int size);
 void comm_free(chorus_comm_t *c);
 chorus_result comm_open_transport(chorus_comm_t *c);

@@ -88,6 +88,15 @@ static const struct setting settings_table[] = {
      "shared secret of the job; the rendezvous refuses a rank with another token\n"
      "chorus-run sets a random one. Never printed: chorus-info shows only whether it is set.",
      FIELD(job_token), 0, 0},
+    {"CHORUS_RENDEZVOUS_ADDR", SET_STRING, "",
+     "address rank 0's rendezvous listener binds to when made by chorus_get_unique_id (and so "
+     "by the PyTorch backend), on a port the kernel picks; empty = auto\n"
+     "Auto: MASTER_ADDR when it is an address of this host, else CHORUS_SOCK_IFACE's IPv4 "
+     "address, else the first up non-loopback IPv4 interface, else 127.0.0.1. A numeric address "
+     "binds that address only; a host name binds every interface (a host's own name may resolve "
+     "to a loopback address locally). An address that is not this host's fails "
+     "chorus_get_unique_id with a message naming it.",
+     FIELD(rendezvous_addr), 0, 0},
     {"CHORUS_CONNECT_TIMEOUT", SET_SECONDS, "60",
      "seconds to wait for every rank at the rendezvous (and for each bootstrap round)\n"
      "The error names the ranks that never arrived.",
@@ -798,6 +807,13 @@ static int launch_env(chorus_launch_env_t *e, const struct env_src *src, char *e
   e->local_size = (int)lsize;
   e->source = l->source;
   return 0;
+}
+
+const char *settings_launch_var(const char *name) {
+  for (size_t i = 0; name && i < NSETTINGS; i++)
+    if (settings_table[i].type == SET_LAUNCH && !strcmp(settings_table[i].name, name))
+      return env_get(NULL, name);
+  return NULL;
 }
 
 int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen) {

@@ -21,6 +21,7 @@ typedef struct chorus_settings {
   char sock_iface[64];      /* CHORUS_SOCK_IFACE: "" = FI_TCP_IFACE, else the first up non-lo */
   size_t sock_sndbuf;       /* CHORUS_SOCK_SNDBUF: sock's send buffer inside a host, 0 = kernel's */
   char job_token[256];      /* CHORUS_JOB_TOKEN */
+  char rendezvous_addr[256]; /* CHORUS_RENDEZVOUS_ADDR: chorus_get_unique_id's listener */
   double connect_timeout_s; /* CHORUS_CONNECT_TIMEOUT */
   size_t chunk_bytes;       /* CHORUS_CHUNK_BYTES: pipeline chunk */
   size_t shm_bounce;        /* CHORUS_SHM_BOUNCE: largest shm message bounced, 0 = none */
@@ -67,6 +68,9 @@ typedef struct chorus_launch_env {
 
 /* Returns 0, or -1 with an explanation (which variables are missing or bad). */
 int settings_launch_env(chorus_launch_env_t *e, char *err, size_t errlen);
+/* The value of one launcher variable of the table (e.g. "MASTER_ADDR"), or
+ * NULL when it is unset or empty or not a launcher variable. */
+const char *settings_launch_var(const char *name);
 
 /* The same two readers over another source of values than the environment
  * (tests, fuzzing): get(name, arg) returns the value of `name` or NULL; the
