@@ -13,7 +13,18 @@
 # The MPI transport matches the Chorus provider: shm -> btl self,vader;
 # tcp and sock -> btl self,tcp over lo (and FI_TCP_IFACE=lo for Chorus, which
 # sock also follows, unless set).
+#
+# --markdown runs the standard matrix instead (the four main collectives at
+# 32K, 2M and 64M over 2 ranks shm, 8 ranks shm and 2 ranks sock, by calling
+# this script once per configuration and size range) and prints
+# docs/performance.md whole: machine, method, the command, one table per
+# collective and configuration, then the hand-written section "Machine-shape-
+# specific paths and tuned thresholds" carried over from the current file.
+#   scripts/bench-vs-mpi.sh --markdown > docs/performance.md.new &&
+#     mv docs/performance.md.new docs/performance.md
+# Only Open MPI is compared (mpi-perf is built against the MPI CMake finds).
 set -euo pipefail
+orig_args=("$@")
 
 usage() {
   cat <<'EOF'
@@ -45,6 +56,14 @@ usage: scripts/bench-vs-mpi.sh [options]
   --out DIR       keep the raw JSON lines and logs there (default: a new temp dir)
   --chorus-only   run only Chorus     --mpi-only   run only MPI
   --report DIR    run nothing: print the tables again from an earlier --out DIR
+  --markdown      run the standard matrix (allreduce bcast allgather reduce_scatter;
+                  32K, 2M, 64M; 2 ranks shm, 8 ranks shm, 2 ranks sock; -r rounds,
+                  default 5) and print docs/performance.md whole; with --report
+                  DIR, print it from an earlier --markdown --out DIR
+  --quick         with --markdown: 1 round and few calls a size (a smoke run of the
+                  generator, not figures to publish)
+  --keep FILE     with --markdown: the file whose hand-written section is carried
+                  over (default docs/performance.md)
   -h, --help      this help
 Exit status: 0 ok, 1 a run failed or a result was wrong, 2 bad arguments.
 EOF
@@ -58,7 +77,9 @@ die_usage() {
 
 ranks=2 provider=shm minb=8 maxb=64M factor=4 rounds=5 dtype=float32 op=sum colls=allreduce
 iters="" warmup="" check=0 inplace=0 build=./build out="" run_chorus=1 run_mpi=1 report=""
-root="" algo="" mem=plain
+root="" algo="" mem=plain markdown=0 quick=0 rounds_set=0
+repo=$(cd "$(dirname "$0")/.." && pwd)
+keep=$repo/docs/performance.md
 while [ $# -gt 0 ]; do
   case "$1" in
     -c) colls=${2:?}; shift ;;
@@ -67,7 +88,7 @@ while [ $# -gt 0 ]; do
     -b) minb=${2:?}; shift ;;
     -e) maxb=${2:?}; shift ;;
     -f) factor=${2:?}; shift ;;
-    -r) rounds=${2:?}; shift ;;
+    -r) rounds=${2:?}; rounds_set=1; shift ;;
     -d) dtype=${2:?}; shift ;;
     -o) op=${2:?}; shift ;;
     -i) iters=${2:?}; shift ;;
@@ -82,11 +103,170 @@ while [ $# -gt 0 ]; do
     --chorus-only) run_mpi=0 ;;
     --mpi-only) run_chorus=0 ;;
     --report) report=${2:?}; shift ;;
+    --markdown) markdown=1 ;;
+    --quick) quick=1 ;;
+    --keep) keep=${2:?}; shift ;;
     -h | --help) usage; exit 0 ;;
     *) die_usage "unknown option '$1'" ;;
   esac
   shift
 done
+
+if [ $markdown = 1 ]; then
+  # The matrix of docs/performance.md: configurations (ranks:provider) and size
+  # ranges, each a run of this script; then the file from all their JSON lines.
+  [[ $rounds =~ ^[1-9][0-9]*$ ]] || die_usage "-r needs a positive integer"
+  command -v python3 >/dev/null || { echo "bench-vs-mpi.sh: python3 is needed" >&2; exit 2; }
+  [ -f "$keep" ] || keep=""
+  md_colls=allreduce,bcast,allgather,reduce_scatter
+  configs=(2:shm 8:shm 2:sock)
+  if [ $quick = 1 ]; then
+    [ $rounds_set = 1 ] || rounds=1
+    sweeps=("small:-b 32K -e 2M -f 64 -i 20 -w 2" "large:-b 64M -e 64M -i 1 -w 1")
+  else
+    sweeps=("small:-b 32K -e 2M -f 64 -i 300 -w 20" "large:-b 64M -e 64M -i 5 -w 1")
+  fi
+  if [ -n "$report" ]; then
+    out=$report
+  elif [ -z "$out" ]; then
+    out=$(mktemp -d "${TMPDIR:-/tmp}/bench-vs-mpi-md.XXXXXX")
+  fi
+  mkdir -p "$out"
+  failed=0
+  if [ -z "$report" ]; then
+    for cfg in "${configs[@]}"; do
+      for sw in "${sweeps[@]}"; do
+        dir="$out/${cfg/:/-}-${sw%%:*}"
+        echo "# bench-vs-mpi --markdown: ${cfg%%:*} ranks over ${cfg#*:}, ${sw#*:}" >&2
+        # shellcheck disable=SC2086 # the sweep's options are words
+        "$0" -c "$md_colls" -n "${cfg%%:*}" -p "${cfg#*:}" ${sw#*:} -r "$rounds" \
+          --build "$build" --mem "$mem" --out "$dir" >"$dir.txt" 2>"$dir.log" || {
+          echo "bench-vs-mpi.sh: ${cfg} ${sw%%:*} failed; see $dir.log" >&2
+          failed=1
+        }
+      done
+    done
+    {
+      echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
+      echo "commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet HEAD -- engine providers fsm tools 2>/dev/null || echo ' (with uncommitted changes)')"
+      echo "cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n1)"
+      echo "cpus=$(nproc)"
+      echo "l2=$(lscpu 2>/dev/null | sed -n 's/^L2 cache: *//p' | head -n1)"
+      echo "l3=$(lscpu 2>/dev/null | sed -n 's/^L3 cache: *//p' | head -n1)"
+      echo "kernel=$(uname -sr)"
+      echo "mpi=$(mpirun --version 2>/dev/null | head -n1)"
+      echo "libfabric=$(fi_info --version 2>/dev/null | sed -n 's/^libfabric: *//p')"
+      echo "command=scripts/bench-vs-mpi.sh$(printf ' %s' "${orig_args[@]}")"
+      echo "rounds=$rounds"
+      echo "quick=$quick"
+    } >"$out/machine.txt"
+  fi
+  python3 - "$out" "$keep" <<'PYEOF' || failed=1
+import json, os, re, sys
+
+out, keep = sys.argv[1], sys.argv[2]
+meta = {}
+with open(os.path.join(out, "machine.txt")) as f:
+    for line in f:
+        k, _, v = line.rstrip("\n").partition("=")
+        meta[k] = v
+configs = [("2-shm", "2 ranks, shm"), ("8-shm", "8 ranks, shm"), ("2-sock", "2 ranks, TCP (`sock`)")]
+colls = ["allreduce", "bcast", "allgather", "reduce_scatter"]
+
+def median_run(recs):
+    return sorted(recs, key=lambda r: r["time_us"])[(len(recs) - 1) // 2] if recs else None
+
+def size(b):
+    for unit, sfx in ((1 << 20, "MiB"), (1 << 10, "KiB")):
+        if b >= unit and b % unit == 0:
+            return f"{b // unit} {sfx}"
+    return f"{b} B"
+
+def us(t):
+    if t is None:
+        return "-"
+    return f"{t / 1000:.2f} ms" if t >= 10000 else f"{t:.1f} us"
+
+# records[config][tool][coll][bytes] -> [rec]
+records = {}
+for cfg, _ in configs:
+    for name in sorted(os.listdir(out)):
+        if not (name.startswith(cfg + "-") and os.path.isdir(os.path.join(out, name))):
+            continue
+        for fn in sorted(os.listdir(os.path.join(out, name))):
+            m = re.fullmatch(r"(chorus|mpi)-\d+\.jsonl", fn)
+            if not m:
+                continue
+            with open(os.path.join(out, name, fn)) as f:
+                for line in f:
+                    line = re.sub(r"^\[\d+\] ", "", line.strip())
+                    if line.startswith("{"):
+                        r = json.loads(line)
+                        (records.setdefault(cfg, {}).setdefault(m.group(1), {})
+                         .setdefault(r.get("collective", "allreduce"), {})
+                         .setdefault(r["bytes"], []).append(r))
+
+p = print
+p("# Chorus performance against Open MPI")
+p()
+p("<!-- Generated by scripts/bench-vs-mpi.sh --markdown (everything above \"Machine-shape-specific")
+p("     paths and tuned thresholds\", which is carried over from the previous file as written). -->")
+p()
+p("Regenerate the whole file (about 45 minutes; run it on a quiet machine, nothing else running):")
+p()
+p("```sh")
+p("./scripts/build.sh build && scripts/bench-vs-mpi.sh --markdown > docs/performance.md.new && mv docs/performance.md.new docs/performance.md")
+p("```")
+p()
+if meta.get("quick") == "1":
+    p("**Smoke run (`--quick`): one round and few calls a size. These figures show that the")
+    p("generator works; they are not figures to compare.**")
+    p()
+p("## Machine and method")
+p()
+p(f"- Measured {meta.get('date', '?')} on commit {meta.get('commit', '?')}, by `{meta.get('command', '?')}`.")
+p(f"- Machine: {meta.get('cpu', '?')}, {meta.get('cpus', '?')} CPUs (L2 {meta.get('l2', '?')}, L3 {meta.get('l3', '?')}), {meta.get('kernel', '?')};")
+p(f"  {meta.get('mpi', '?')}; libfabric {meta.get('libfabric', '?')}. MPICH is not compared: the script drives Open MPI's")
+p("  `mpirun` only.")
+nr = meta.get('rounds', '?')
+p(f"- Method: {nr} round{'' if nr == '1' else 's'}, each running Chorus (`chorus-run ... chorus-perf`) then Open MPI (`mpirun ... mpi-perf`),")
+p("  the same benchmark loop (`tools/perf_common.c`): float32, sum for reductions, out of place, buffers from")
+p("  `posix_memalign`; 300 timed calls after 20 warmup calls at 32 KiB and 2 MiB, 5 after 1 at 64 MiB. A call's time")
+p("  is the slowest rank's; each cell is the round of median time. Sizes are the whole buffer of the operation, as")
+p("  in nccl-tests, and busbw follows nccl-tests' definitions. Open MPI runs with `--mca pml ob1` and `btl self,vader`")
+p("  (shm) or `btl self,tcp` over loopback (`sock`), `--bind-to none`, as Chorus does not bind either.")
+p("- Ratio: Open MPI's time over Chorus's; above 1, Chorus is faster.")
+p("- 8 ranks on this machine's CPUs means ranks outnumber the cores: every message waits for its receiver's")
+p("  turn on a core, and the paths for that shape are taken (see the last section).")
+for cfg, title in configs:
+    for coll in colls:
+        c = records.get(cfg, {}).get("chorus", {}).get(coll, {})
+        m = records.get(cfg, {}).get("mpi", {}).get(coll, {})
+        if not c and not m:
+            continue
+        algos = sorted({r.get("algo", "?") for b in c for r in c[b]})
+        p()
+        p(f"## {coll}, {title}")
+        p()
+        p("| size | Chorus time | Open MPI time | Chorus busbw (GB/s) | Open MPI busbw (GB/s) | ratio | Chorus algorithm |")
+        p("|---|---|---|---|---|---|---|")
+        for b in sorted(set(c) | set(m)):
+            cr, mr = median_run(c.get(b, [])), median_run(m.get(b, []))
+            ct, mt = (cr or {}).get("time_us"), (mr or {}).get("time_us")
+            cb, mb = (cr or {}).get("busbw_gbs"), (mr or {}).get("busbw_gbs")
+            ratio = f"{mt / ct:.2f}" if ct and mt else "-"
+            fb = lambda v: f"{v:.2f}" if v is not None else "-"
+            p(f"| {size(b)} | {us(ct)} | {us(mt)} | {fb(cb)} | {fb(mb)} | {ratio} | {(cr or {}).get('algo', '-')} |")
+if keep:
+    with open(keep) as f:
+        text = f.read()
+    i = text.find("\n## Machine-shape-specific paths and tuned thresholds")
+    if i >= 0:
+        p()
+        sys.stdout.write(text[i + 1:])
+PYEOF
+  exit $failed
+fi
 
 [[ $ranks =~ ^[1-9][0-9]*$ ]] || die_usage "-n needs a positive integer"
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || die_usage "-r needs a positive integer"
