@@ -628,9 +628,8 @@ ParameterizedTestParameters(kernels, misaligned) {
  * (each pointer on its own and all together), every aliasing case, counts
  * around the vector widths; both the portable and the F16C float16 loops. */
 ParameterizedTest(kparam_t *p, kernels, misaligned) {
-  static const size_t counts[] = {1, 2, 3, 7, 8, 9, 17, 33, 1021};
-  static const size_t offs[][3] = {{1, 0, 0}, {0, 2, 0}, {0, 0, 3}, {1, 1, 1}, {2, 2, 2},
-                                   {3, 3, 3}, {1, 2, 3}, {3, 1, 2}, {0, 0, 0}};
+  static const size_t counts[] = {1, 3, 9, 33, 1021};
+  static const size_t offs[][3] = {{1, 0, 0}, {0, 2, 0}, {0, 0, 3}, {3, 3, 3}, {1, 2, 3}};
   for (int portable = 0; portable < 2; portable++) {
     reduce_portable_only = portable;
     for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
