@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ofi_lib.h"
 #include "prov_internal.h"
 
 void prov_errf(char *errbuf, size_t errlen, const char *fmt, ...) {
@@ -53,6 +54,6 @@ int prov_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errle
   else if (strcmp(cfg->name, "sock") == 0)
     ops = &prov_sock_ops;
   else
-    ops = &prov_ofi_ops;
+    return ofi_lib_open(cfg, out, errbuf, errlen); /* prov_ofi_ops, libfabric loaded */
   return ops->open(cfg, out, errbuf, errlen);
 }

@@ -98,6 +98,7 @@
 
 #include "memcopy.h"
 #include "memreg.h"
+#include "ofi_lib.h" /* after <rdma/...>: fi_getinfo & co. from the loaded library */
 #include "prov_internal.h"
 
 #define OFI_API_VERSION FI_VERSION(1, 9)
