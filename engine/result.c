@@ -228,6 +228,22 @@ bool eng_handle_valid(const void *p, enum eng_handle_kind kind) {
   return ok;
 }
 
+/* fork() copies handles_lock as it is: held, when another thread was
+ * inside a chorus_* call, and then the child (a data loader's worker) hung
+ * for good in handles_fini when it exit()ed. The lock is held across fork,
+ * so the child's copy is consistent and free. */
+static void handles_prefork(void) {
+  pthread_mutex_lock(&handles_lock);
+}
+
+static void handles_postfork(void) {
+  pthread_mutex_unlock(&handles_lock);
+}
+
+__attribute__((constructor)) static void handles_init(void) {
+  pthread_atfork(handles_prefork, handles_postfork, handles_postfork);
+}
+
 /* Free the registry's table at exit so leak checkers see a clean process. */
 __attribute__((destructor)) static void handles_fini(void) {
   pthread_mutex_lock(&handles_lock);
