@@ -978,8 +978,8 @@ static void comm_prov_log(void *arg, const char *line) {
 /* Where sock listens when CHORUS_SOCK_IFACE (or FI_TCP_IFACE) names no
  * interface: loopback when every rank is on this host; else the address
  * this rank reached rank 0's rendezvous from, the one the job's network
- * gave it. "" when neither is known (the provider then takes the first
- * interface up). */
+ * gave it; a split child, with no rendezvous, its parent's choice. ""
+ * when none is known (the provider then takes the first interface up). */
 static void sock_listen_addr(const chorus_comm_t *c, char *out, size_t len) {
   struct sockaddr_storage ss;
   socklen_t sl = sizeof(ss);
@@ -988,6 +988,10 @@ static void sock_listen_addr(const chorus_comm_t *c, char *out, size_t len) {
   int fd = c->boot ? boot_fd(c->boot) : -1;
 
   out[0] = '\0';
+  if (!c->boot) {
+    snprintf(out, len, "%s", c->sock_listen);
+    return;
+  }
   for (int r = 0; one_host && r < c->size; r++) {
     const char *h = boot_host_of(c->boot, r);
 
@@ -1010,7 +1014,7 @@ static void sock_listen_addr(const chorus_comm_t *c, char *out, size_t len) {
 }
 
 chorus_result comm_open_transport(chorus_comm_t *c) {
-  char err[1024] = "", listen_addr[INET6_ADDRSTRLEN];
+  char err[1024] = "", listen_addr[sizeof(c->sock_listen)];
   const char *name = choose_provider(c);
   const char *job_id = c->set.job_token[0] ? c->set.job_token : "chorus";
   prov_config_t cfg = {.name = name,
@@ -1026,6 +1030,7 @@ chorus_result comm_open_transport(chorus_comm_t *c) {
                        .log_arg = c,
                        .sock_sndbuf = c->set.sock_sndbuf};
   sock_listen_addr(c, listen_addr, sizeof(listen_addr));
+  snprintf(c->sock_listen, sizeof(c->sock_listen), "%s", listen_addr);
   if (c->set.faults[0]) {
     if (fault_plan_parse(c->set.faults, &c->faults, err, sizeof(err)))
       return comm_error(c, CHORUS_ERR_ENV, "CHORUS_FAULTS: %s", err);

@@ -81,6 +81,10 @@ struct chorus_comm {
   boot_t *boot;           /* NULL for an in-process job */
   eng_local_job_t *local; /* in-process job, or NULL */
   prov_t *prov;
+  /* where sock listens when no interface is named (comm_open_transport):
+   * 127.0.0.1 or the address this rank reached the rendezvous from; a
+   * child of chorus_comm_split, which has no rendezvous, takes its parent's */
+  char sock_listen[48];
   exec_ctx_t ex;    /* under prog_lock: the progress thread or a waiting caller */
   topo_t *topo;     /* hosts of the ranks (topo.c); NULL until known = one host */
   plan_t *ctl_plan; /* split.c: the control exchange's plan, kept until comm_free

@@ -351,6 +351,7 @@ CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int k
     c = members && me >= 0 ? comm_alloc(me, n) : NULL;
     if (c) {
       c->set = comm->set;
+      memcpy(c->sock_listen, comm->sock_listen, sizeof(c->sock_listen));
       c->set.faults[0] = '\0'; /* faults target the world's call numbers */
       c->topo = topo_sub(comm->topo, members, n);
     }
@@ -436,6 +437,7 @@ CHORUS_API chorus_result chorus_comm_shrink(chorus_comm_t *comm, chorus_comm_t *
   c = comm_alloc(me, n);
   if (c) {
     c->set = comm->set;
+    memcpy(c->sock_listen, comm->sock_listen, sizeof(c->sock_listen));
     c->set.faults[0] = '\0';
     c->topo = topo_sub(comm->topo, members, n);
   }

@@ -8,7 +8,7 @@
  *    rendezvous from (here loopback, the job being on one host), and once
  *    every peer is connected no rank holds a listening socket at all: the
  *    rendezvous closed when the job formed, sock's listeners when their
- *    last peer came.
+ *    last peer came; and the same for a communicator split from it.
  *  - allreduce over buffers 1, 2 and 3 bytes off their alignment, every
  *    dtype, over shm and sock: exact (in the sanitizer build, UBSan checks
  *    every load and store of the reduction kernels).
@@ -81,7 +81,7 @@ static void tcp_sockets(int *listening, int *elsewhere, char *bad, size_t badlen
 
 static int sock_job_body(int rank, int size, const char *rdv, void *arg) {
   float in[256], out[256];
-  chorus_comm_t *c;
+  chorus_comm_t *c, *children[1] = {NULL};
   chorus_result rc;
   int listening = -1, elsewhere = -1;
   char bad[512];
@@ -107,6 +107,21 @@ static int sock_job_body(int rank, int size, const char *rdv, void *arg) {
     fprintf(stderr, "rank %d: allreduce: %s\n", rank, chorus_last_error());
     return 1;
   }
+  /* a child communicator (chorus_comm_split: no rendezvous of its own)
+   * opens its own sock endpoints: they too listen where the parent does */
+  if (size > 2) {
+    chorus_comm_t *child = NULL;
+
+    rc = chorus_comm_split(c, rank % 2, rank, &child);
+    if (!rc && child)
+      rc = chorus_allreduce(child, in, out, 256, CHORUS_FLOAT32, CHORUS_SUM);
+    if (rc || !child) {
+      fprintf(stderr, "rank %d: split: %s\n", rank, chorus_last_error());
+      return 1;
+    }
+    rc = CHORUS_SUCCESS;
+    children[0] = child;
+  }
   /* every peer has connected by now, or is about to (the progress thread
    * takes the last connections in while this one looks) */
   for (int k = 0; k < 250; k++) {
@@ -118,7 +133,10 @@ static int sock_job_body(int rank, int size, const char *rdv, void *arg) {
   if (listening || elsewhere)
     fprintf(stderr, "rank %d: %d listening sockets, %d off loopback:%s\n", rank, listening,
             elsewhere, bad);
-  rc = chorus_comm_destroy(c);
+  if (children[0] && chorus_comm_destroy(children[0]))
+    rc = CHORUS_ERR_INTERNAL;
+  if (chorus_comm_destroy(c))
+    rc = CHORUS_ERR_INTERNAL;
   return listening || elsewhere || rc ? 1 : 0;
 }
 
