@@ -1867,10 +1867,10 @@ static int client_recv(boot_t *b, Chorus__Boot__Envelope__MsgCase want, const ch
 
     describe_stranger(b->fd, &peek, what_came, sizeof(what_came));
     return client_fail(b, CHORUS_ERR_BOOTSTRAP, err, errlen,
-                         "the rendezvous address %s answered with something that is not a Chorus "
-                         "rendezvous (%s) while we waited for %s: is another service listening "
-                         "there? (MASTER_ADDR:MASTER_PORT, or the rendezvous address given)",
-                         b->addr, what_came, what);
+                       "the rendezvous address %s answered with something that is not a Chorus "
+                       "rendezvous (%s) while we waited for %s: is another service listening "
+                       "there? (MASTER_ADDR:MASTER_PORT, or the rendezvous address given)",
+                       b->addr, what_came, what);
   }
   if (rc == -ETIMEDOUT)
     return client_fail(b, CHORUS_ERR_TIMEOUT, err, errlen,

@@ -224,8 +224,8 @@ struct sock_ep {
   struct sock_fdent lfe; /* listener; -1 once every higher rank is connected */
   struct sock_fdent tfe; /* timerfd: the hellos' deadlines, the log's window; -1 with lfe */
   struct sockaddr_in me;
-  char where[64];          /* me as "ip:port", for the log */
-  struct sock_conn *conns; /* [nranks] */
+  char where[64];                              /* me as "ip:port", for the log */
+  struct sock_conn *conns;                     /* [nranks] */
   struct sock_pending *pending, *pending_tail; /* waiting for their hello, oldest first */
   int npending;
   /* Dropped while progress() may still hold epoll events that point at
@@ -1209,8 +1209,7 @@ static const char *hello_refusal(const struct sock_ep *e, const struct sock_hell
     snprintf(why, len, "the hello of another job (job hash %#llx, this job's is %#llx)",
              (unsigned long long)h->job, (unsigned long long)e->job);
   else if (h->nranks != e->nranks)
-    snprintf(why, len, "a hello for a job of %d ranks; this one has %d", (int)h->nranks,
-             e->nranks);
+    snprintf(why, len, "a hello for a job of %d ranks; this one has %d", (int)h->nranks, e->nranks);
   else if (h->rank <= e->rank || h->rank >= e->nranks)
     snprintf(why, len, "a hello of rank %d, which does not connect to rank %d", (int)h->rank,
              e->rank);
@@ -1517,8 +1516,7 @@ static int sock_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_
               strerror(errno));
     goto out_free;
   }
-  snprintf(e->where, sizeof(e->where), "%s:%u", inet_ntoa(e->me.sin_addr),
-           ntohs(e->me.sin_port));
+  snprintf(e->where, sizeof(e->where), "%s:%u", inet_ntoa(e->me.sin_addr), ntohs(e->me.sin_port));
   rc = ep_ctl(e, EPOLL_CTL_ADD, &e->lfe, EPOLLIN);
   if (!rc)
     rc = ep_ctl(e, EPOLL_CTL_ADD, &e->tfe, EPOLLIN);

@@ -668,8 +668,10 @@ Test(bootstrap, http_server_at_the_address) {
   static const char http[] = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n"
                              "Content-Length: 11\r\nConnection: close\r\n\r\nBad Request";
 
-  expect_not_chorus(http, sizeof(http) - 1, false, "it looks like HTTP: \"HTTP/1.1 400 Bad Request\"");
-  expect_not_chorus(http, sizeof(http) - 1, true, "it looks like HTTP: \"HTTP/1.1 400 Bad Request\"");
+  expect_not_chorus(http, sizeof(http) - 1, false,
+                    "it looks like HTTP: \"HTTP/1.1 400 Bad Request\"");
+  expect_not_chorus(http, sizeof(http) - 1, true,
+                    "it looks like HTTP: \"HTTP/1.1 400 Bad Request\"");
 }
 
 Test(bootstrap, other_servers_at_the_address) {

@@ -47,8 +47,8 @@ static int door_log_lines;
 static void door_log_line(void *arg, const char *line) {
   (void)arg;
   door_log_lines++;
-  door_log_len += (size_t)snprintf(door_log + door_log_len, sizeof(door_log) - door_log_len, "%s\n",
-                                   line);
+  door_log_len +=
+      (size_t)snprintf(door_log + door_log_len, sizeof(door_log) - door_log_len, "%s\n", line);
   if (door_log_len >= sizeof(door_log))
     door_log_len = sizeof(door_log) - 1;
 }
@@ -572,8 +572,8 @@ static void strangers(const struct sock_addr *a0, const struct sock_hello *hello
 
 /* Opens ranks 0..n-1 of a job (their refusals logged into door_log) and
  * gives rank 0 its peers; the others are left to add_peers() (connect). */
-static void open_job_at_door(int n, const char *name, unsigned char addr[][sizeof(struct sock_addr)],
-                             struct sock_addr *a0) {
+static void open_job_at_door(int n, const char *name,
+                             unsigned char addr[][sizeof(struct sock_addr)], struct sock_addr *a0) {
   char job[64], err[256];
 
   snprintf(job, sizeof(job), "%s-%d", name, (int)getpid());

@@ -548,8 +548,8 @@ ParameterizedTest(kparam_t *p, kernels, matrix) {
  * base (as a user's slice of a byte buffer would be), against the same call
  * on aligned copies: the same bits, nothing written outside dst. In the
  * sanitizer build a misaligned load or store in a kernel is a UBSan abort. */
-static void check_misaligned(chorus_dtype dt, chorus_op op, size_t count, enum alias al,
-                             size_t od, size_t oa, size_t ob) {
+static void check_misaligned(chorus_dtype dt, chorus_op op, size_t count, enum alias al, size_t od,
+                             size_t oa, size_t ob) {
   size_t es = esize(dt), n = count * es, room = (n + 16 + 63) / 64 * 64;
   unsigned char *a = aligned_alloc(64, room), *b = aligned_alloc(64, room);
   unsigned char *d = aligned_alloc(64, room), *ra = aligned_alloc(64, room);
