@@ -130,3 +130,25 @@ bool ckpt_current(ckpt_t *k, ckpt_call_t *out) {
     memset(out, 0, sizeof(*out));
   return false;
 }
+
+void ckpt_block(ckpt_t *k, uint64_t what) {
+  if (!what)
+    return;
+  atomic_store_explicit(&k->block_what, what, memory_order_relaxed);
+  uint64_t now = fsm_now_ns();
+  atomic_store_explicit(&k->block_ns, now ? now : 1, memory_order_release);
+}
+
+void ckpt_unblock(ckpt_t *k) {
+  atomic_store_explicit(&k->block_ns, 0, memory_order_release);
+}
+
+bool ckpt_blocked(ckpt_t *k, uint64_t *what, uint64_t *since_ns) {
+  uint64_t ns = atomic_load_explicit(&k->block_ns, memory_order_acquire);
+  *what = atomic_load_explicit(&k->block_what, memory_order_relaxed);
+  /* another wait began in between: show neither */
+  if (!ns || atomic_load_explicit(&k->block_ns, memory_order_acquire) != ns)
+    return false;
+  *since_ns = ns;
+  return true;
+}

@@ -60,7 +60,19 @@ typedef struct ckpt {
   _Atomic uint64_t progress_ns;       /* the progress loop last ran (any thread) */
   _Atomic uint64_t moved_ns;          /* a step last advanced */
   atomic_bool destroying;             /* chorus_comm_destroy was called */
+  /* What an application thread waits in (request_wait_done), for the
+   * watchdog's wait-for graph: block_what (CKPT_BLOCK_*) is written before
+   * block_ns, which is 0 while nobody waits. With several threads waiting,
+   * the last one to begin is shown, and none once any of them returns:
+   * the judge sees fewer waits, never a wait that is not there. */
+  _Atomic uint64_t block_what;
+  _Atomic uint64_t block_ns;
 } ckpt_t;
+
+/* block_what: a collective's sequence number, or a send or receive: */
+#define CKPT_BLOCK_P2P (1ull << 63)
+#define CKPT_BLOCK_RECV (1ull << 62)
+#define CKPT_BLOCK_PEER(what) ((int)(uint32_t)(what))
 
 void ckpt_init(ckpt_t *k);
 void ckpt_fini(ckpt_t *k);
@@ -74,5 +86,10 @@ bool ckpt_current(ckpt_t *k, ckpt_call_t *out);
 /* Milliseconds from the call's beginning to now_ns; 0 when it began later
  * (a call begun by another thread after the reader took its clock). */
 uint64_t ckpt_age_ms(const ckpt_call_t *call, uint64_t now_ns);
+/* The application waits in `what` from now on (0: nothing to show). */
+void ckpt_block(ckpt_t *k, uint64_t what);
+void ckpt_unblock(ckpt_t *k);
+/* What it waits in and since when (true), or false. */
+bool ckpt_blocked(ckpt_t *k, uint64_t *what, uint64_t *since_ns);
 
 #endif

@@ -983,6 +983,7 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
   r->bounce = bounce_call(c, k, &ro);
   if (coll_p2p(k->coll)) {
     r->seq = c->p2p_seq[2 * k->root + (k->coll == COLL_RECV)]++;
+    r->peer = k->root;
     r->msg_or = EXEC_MSG_P2P;
     if (c->set.trace)
       r->fp = fp_make(FP_KIND_P2P, k->dtype, count, -1, CHORUS_SUM, NULL);

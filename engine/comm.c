@@ -1349,6 +1349,7 @@ CHORUS_API chorus_result chorus_comm_destroy(chorus_comm_t *comm) {
                      "chorus_comm_destroy: not a live communicator (NULL or already destroyed)");
   eng_handle_remove(comm);
   atomic_store(&comm->ckpt.destroying, true);
+  watch_notify_leaving(comm->watch);
   coll_comm_drop_queued(comm);
   /* Wait for what is still running: every rank issued the same calls (or
    * the communicator failed, and the executor fails them). */

@@ -63,6 +63,7 @@ struct chorus_request {
   bool internal;                 /* a round of the engine's own that runs on a failed comm */
   bool recovery;                 /* internal: tags in the EXEC_COMM_RECOVERY space */
   uint8_t coll;                  /* coll_kind, for messages */
+  int32_t peer;                  /* send/recv: the peer (the watchdog's wait-for graph) */
   bool submitted;                /* handed to the progress thread (false while queued in a group) */
   bool grouped;     /* a blocking call queued in a group: chorus_group_end releases it */
   bool staged;      /* runs in comm->stage (coll.c, "Staging"); released with the request */

@@ -83,13 +83,26 @@ void request_release(chorus_request_t *req) {
     free(req);
 }
 
+/* What a wait on r shows the watchdog (ckpt_block): 0 for the engine's own
+ * rounds on a failed communicator. */
+static uint64_t block_what(const chorus_request_t *r) {
+  if (r->call_seq)
+    return r->call_seq;
+  if (r->coll == COLL_SEND || r->coll == COLL_RECV)
+    return CKPT_BLOCK_P2P | (r->coll == COLL_RECV ? CKPT_BLOCK_RECV : 0) | (uint32_t)r->peer;
+  return 0;
+}
+
 void request_wait_done(chorus_request_t *r) {
   chorus_comm_t *c = r->comm;
 
+  if (atomic_load_explicit(&r->done, memory_order_acquire))
+    return;
+  if (c->set.trace)
+    ckpt_block(&c->ckpt, block_what(r));
   /* poll (driving the communicator ourselves when the progress thread
    * is idle) while that moves, and CHORUS_WAIT_SPIN_US more; then sleep */
-  if (!atomic_load_explicit(&r->done, memory_order_acquire))
-    comm_drive(c, &r->done, (uint64_t)c->set.wait_spin_us * 1000, 0);
+  comm_drive(c, &r->done, (uint64_t)c->set.wait_spin_us * 1000, 0);
   if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
     pthread_mutex_lock(&c->lock);
     c->waiters++;
@@ -98,6 +111,8 @@ void request_wait_done(chorus_request_t *r) {
     c->waiters--;
     pthread_mutex_unlock(&c->lock);
   }
+  if (c->set.trace)
+    ckpt_unblock(&c->ckpt);
 }
 
 CHORUS_API chorus_result chorus_test(chorus_request_t **req, int *done) {

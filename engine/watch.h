@@ -32,6 +32,9 @@ chorus_result watch_start(struct chorus_comm *c);
 void watch_stop(watch_t *w);
 /* The communicator failed here (comm_fail): tell the judge now. */
 void watch_notify_failure(watch_t *w);
+/* chorus_comm_destroy began: send a heartbeat now (it says so), so that
+ * the judge can tell the ranks waiting for this one at once. */
+void watch_notify_leaving(watch_t *w);
 /* Waits up to timeout_s for a verdict on the communicator; true if one came. */
 bool watch_await_verdict(watch_t *w, double timeout_s);
 

@@ -29,6 +29,13 @@ typedef struct wrank {
   uint64_t last_begun, last_finished, wait_ms, quiet_ms;
   int waits_for, failed;
   bool destroying;
+  /* what the application waits in (Beat.blocked_*): since blocked_at (the
+   * judge's clock; 0: nothing), in collective #blocked_seq, or in a send or
+   * receive (blocked_seq 0) with blocked_peer */
+  double blocked_at;
+  uint64_t blocked_seq;
+  int blocked_peer;
+  bool blocked_recv;
   char where[192], failure[512], stalled[128];
   wcall_t calls[WS_CALLS];
   int ncalls;
@@ -55,6 +62,7 @@ wsrv_t *wsrv_new(const wsrv_config_t *cfg, double now) {
   }
   for (int i = 0; i < cfg->size; i++) {
     w->r[i].waits_for = -1;
+    w->r[i].blocked_peer = -1;
     w->r[i].last_heard = now;
   }
   w->start = now;
@@ -139,8 +147,15 @@ void wsrv_beat(wsrv_t *w, int rank, const Chorus__Boot__Beat *b, double now) {
   r->wait_ms = b->wait_ms;
   r->quiet_ms = b->quiet_ms;
   r->waits_for = b->waits_for >= 0 && b->waits_for < w->cfg.size ? b->waits_for : -1;
+  bool was_destroying = r->destroying;
   r->destroying = b->destroying;
   r->failed = b->failed;
+  r->blocked_at = b->blocked_ms ? now - (double)b->blocked_ms / 1000.0 : 0;
+  r->blocked_seq = b->blocked_seq;
+  r->blocked_peer = b->blocked_peer >= 0 && b->blocked_peer < w->cfg.size && !b->blocked_seq
+                        ? b->blocked_peer
+                        : -1;
+  r->blocked_recv = b->blocked_recv;
   snprintf(r->where, sizeof(r->where), "%s", b->where ? b->where : "");
   snprintf(r->failure, sizeof(r->failure), "%s", b->failure ? b->failure : "");
   snprintf(r->stalled, sizeof(r->stalled), "%s", b->stalled ? b->stalled : "");
@@ -164,7 +179,8 @@ void wsrv_beat(wsrv_t *w, int rank, const Chorus__Boot__Beat *b, double now) {
     r->replied = true;
   /* a beat only records; the tick judges (O(ranks) a tick, not a beat),
    * unless something happened that must not wait */
-  if (b->failed || b->reply || w->polling)
+  if (b->failed || b->reply || w->polling || (b->destroying && !was_destroying) ||
+      (r->blocked_peer >= 0 && (double)b->blocked_ms >= w->cfg.tick_s * 1000.0))
     evaluate(w, now);
 }
 
@@ -482,7 +498,243 @@ static bool check_conflict(wsrv_t *w) {
   return true;
 }
 
-/* Rule 3: a call waits past the timeout. */
+/* ---- the wait-for picture ----
+ *
+ * Rules 3 and 4 need no timeout: what they find can not resolve itself.
+ *
+ * Endings. A rank in chorus_comm_destroy (or gone with goodbye) makes no
+ * more calls: its last one begun is final. A call #S that some rank began
+ * and an ended rank never began can not complete. Which side is wrong is
+ * the side with fewer ranks: the ended ones (they left early) or the
+ * callers (an extra call after the others left). It is judged at once
+ * when the ranks not yet decided (neither in #S nor ended) can not change
+ * the majority; else at the timeout, by the majority of the decided.
+ *
+ *                ranks 0,1,3 began #S        rank 2 began #S
+ *   ended before #S:   rank 2               ranks 0,1,3
+ *   culprit:           rank 2 (left)        rank 2 (extra call)
+ *
+ * Waits. An edge X -> Y says X can not go on until Y does something:
+ *   X blocked in a receive from Y, or a send to Y;
+ *   X blocked in collective #n, which Y has not begun (Y live, not ended).
+ * A rank is blocked when the application waits in the call (a blocking
+ * call, chorus_wait) for a watchdog period or more. A cycle of such edges
+ * is a deadlock, whatever the communicator does meanwhile, when its ranks
+ * were blocked at once for a period: each beat says since when a rank
+ * waits, and the newest beginning must precede the oldest beat by a
+ * period (ranks that wait in turn, as a ping-pong does, never qualify).
+ */
+
+typedef struct ends {
+  uint64_t S;          /* the call concerned */
+  int *ended, *called; /* ranks, in order */
+  int nended, ncalled, nundecided;
+} ends_t;
+
+static bool ended(const wrank_t *r) {
+  return r->have_beat && !r->lost && r->destroying;
+}
+
+/* The lowest call begun by some rank and never begun by an ended one. */
+static bool find_ends(const wsrv_t *w, ends_t *e) {
+  const int n = w->cfg.size;
+  uint64_t S = 0;
+  for (int i = 0; i < n; i++) {
+    const wcall_t *oc = live(&w->r[i]) ? open_call(&w->r[i]) : NULL;
+    if (oc && (!S || oc->seq < S))
+      S = oc->seq;
+  }
+  if (!S)
+    return false;
+  e->S = S;
+  e->nended = e->ncalled = e->nundecided = 0;
+  for (int i = 0; i < n; i++) {
+    const wrank_t *r = &w->r[i];
+    if (r->lost)
+      continue;
+    if (!r->have_beat)
+      e->nundecided++;
+    else if (r->last_begun >= S)
+      e->called[e->ncalled++] = i;
+    else if (ended(r))
+      e->ended[e->nended++] = i;
+    else
+      e->nundecided++;
+  }
+  return e->nended > 0 && e->ncalled > 0;
+}
+
+static bool check_ends(wsrv_t *w, bool at_timeout) {
+  const size_t nz = w->cfg.size > 0 ? (size_t)w->cfg.size : 1;
+  ends_t e = {.ended = calloc(nz, sizeof(int)), .called = calloc(nz, sizeof(int))};
+  bool judged = false;
+
+  if (!e.ended || !e.called || !find_ends(w, &e))
+    goto out_free;
+  bool left = e.ncalled > e.nended + e.nundecided;  /* the ended ones left early */
+  bool extra = e.nended > e.ncalled + e.nundecided; /* the callers made one call more */
+  if (!left && !extra && !at_timeout && e.nundecided)
+    goto out_free;
+  if (!left && !extra)
+    left = e.ncalled >= e.nended; /* the majority of the decided; a tie: those who left */
+  char es[256], cs[256], call[128], wait[768];
+  ranks_str(es, sizeof(es), e.ended, e.nended);
+  ranks_str(cs, sizeof(cs), e.called, e.ncalled);
+  const wrank_t *c0 = &w->r[e.called[0]], *e0 = &w->r[e.ended[0]];
+  const wcall_t *sc = call_at(c0, e.S);
+  if (sc)
+    call_str(sc, call, sizeof(call));
+  else
+    snprintf(call, sizeof(call), "(a call)");
+  if (left) {
+    waiting_str(w, e.S, -1, wait, sizeof(wait));
+    verdict(w, CHORUS_ERR_DIVERGED, e.ended[0], e.S,
+            "%s%s%s destroyed the communicator after #%llu and will never call #%llu %s, which "
+            "%s began: %s diverged (it made fewer calls: it left)",
+            wait[0] ? wait : "", wait[0] ? "; " : "", es, (unsigned long long)e0->last_begun,
+            (unsigned long long)e.S, call, cs, es);
+  } else {
+    verdict(w, CHORUS_ERR_DIVERGED, e.called[0], e.S,
+            "%s called #%llu %s after %s destroyed the communicator (%s last call: #%llu): %s "
+            "diverged (it called after the others left: an extra call)",
+            cs, (unsigned long long)e.S, call, es, e.nended == 1 ? "its" : "their",
+            (unsigned long long)e0->last_begun, cs);
+  }
+  judged = true;
+out_free:
+  free(e.ended);
+  free(e.called);
+  return judged;
+}
+
+/* "rank 0 waits in recv from rank 1" */
+static void wait_edge_str(const wsrv_t *w, int x, int y, char *buf, size_t len) {
+  const wrank_t *r = &w->r[x];
+  if (r->blocked_seq) {
+    const wcall_t *c = call_at(r, r->blocked_seq);
+    char cs[128] = "";
+    if (c)
+      call_str(c, cs, sizeof(cs));
+    snprintf(buf, len, "rank %d waits in #%llu %s, which rank %d has not called", x,
+             (unsigned long long)r->blocked_seq, cs, y);
+  } else {
+    snprintf(buf, len, "rank %d waits in %s rank %d", x, r->blocked_recv ? "recv from" : "send to",
+             y);
+  }
+}
+
+/* Blocked for a watchdog period at least, as of its last beat. */
+static bool blocked(const wsrv_t *w, const wrank_t *r, double now) {
+  (void)now;
+  return live(r) && !r->destroying && r->blocked_at > 0 &&
+         r->beat_at - r->blocked_at >= w->cfg.tick_s && (r->blocked_seq || r->blocked_peer >= 0);
+}
+
+/* The next node x waits for from *k on (advanced past it), -1 past the
+ * last: ranks in [0, n), and for a rank blocked in a collective a node of
+ * its own (n + the rank) whose successors are the ranks that have not
+ * begun that collective. */
+static int wait_next(const wsrv_t *w, int x, int *k, double now) {
+  const int n = w->cfg.size;
+  if (x < n) {
+    const wrank_t *r = &w->r[x];
+    if ((*k)++ || !blocked(w, r, now))
+      return -1;
+    return r->blocked_seq ? n + x : r->blocked_peer;
+  }
+  uint64_t seq = w->r[x - n].blocked_seq;
+  for (int y = *k; y < n; y++) {
+    const wrank_t *r = &w->r[y];
+    if (live(r) && r->have_beat && !r->destroying && r->last_begun < seq) {
+      *k = y + 1;
+      return y;
+    }
+  }
+  *k = n;
+  return -1;
+}
+
+/* Rule 4: a cycle of waits (rule 3: check_ends). */
+static bool check_deadlock(wsrv_t *w, double now) {
+  const int n = w->cfg.size, nn = 2 * n;
+  uint8_t *color = calloc(nn > 0 ? (size_t)nn : 1, 1); /* 0 new, 1 on the path, 2 done */
+  int *stack = calloc(nn > 0 ? (size_t)nn : 1, sizeof(int));
+  int *next = calloc(nn > 0 ? (size_t)nn : 1, sizeof(int));
+  bool judged = false;
+
+  if (!color || !stack || !next)
+    goto out_free;
+  for (int s0 = 0; s0 < n && !judged; s0++) {
+    if (color[s0] || !blocked(w, &w->r[s0], now))
+      continue;
+    int sp = 0;
+    stack[sp++] = s0;
+    color[s0] = 1;
+    next[s0] = 0;
+    while (sp && !judged) {
+      int x = stack[sp - 1];
+      int y = wait_next(w, x, &next[x], now);
+      if (y < 0) {
+        color[x] = 2;
+        sp--;
+        continue;
+      }
+      if (color[y] == 0) {
+        color[y] = 1;
+        next[y] = 0;
+        stack[sp++] = y;
+        continue;
+      }
+      if (color[y] != 1)
+        continue;
+      /* a cycle: the path from y to the top, then back to y */
+      int k = sp - 1;
+      while (stack[k] != y)
+        k--;
+      double since = 0, until = now;
+      for (int j = k; j < sp; j++)
+        if (stack[j] < n) {
+          const wrank_t *r = &w->r[stack[j]];
+          since = r->blocked_at > since ? r->blocked_at : since;
+          until = r->beat_at < until ? r->beat_at : until;
+        }
+      if (until - since < w->cfg.tick_s)
+        continue; /* not seen blocked together long enough yet */
+      char text[1024], edge[256], wait[768];
+      size_t off = (size_t)snprintf(text, sizeof(text), "deadlock: ");
+      int first = -1;
+      for (int j = k; j < sp; j++) {
+        int a = stack[j];
+        if (a >= n)
+          continue;
+        /* the rank it waits for: the next on the path, past a collective's
+         * node; after the top, y (a rank: a collective's node is reached
+         * from its own rank only) */
+        int b = j + 1 < sp ? stack[j + 1] : y;
+        if (b >= n)
+          b = j + 2 < sp ? stack[j + 2] : y;
+        if (first < 0)
+          first = a;
+        wait_edge_str(w, a, b, edge, sizeof(edge));
+        if (off < sizeof(text))
+          off += (size_t)snprintf(text + off, sizeof(text) - off, "%s%s", a == first ? "" : ", ",
+                                  edge);
+      }
+      uint64_t S = waiting_str(w, 0, -1, wait, sizeof(wait));
+      verdict(w, CHORUS_ERR_DIVERGED, -1, S,
+              "%s: the ranks' calls do not match (each waits for the next); no single culprit%s%s",
+              text, wait[0] ? "; " : "", wait);
+      judged = true;
+    }
+  }
+out_free:
+  free(color);
+  free(stack);
+  free(next);
+  return judged;
+}
+
+/* Rule 6: a call waits past the timeout. */
 static bool check_timeout(wsrv_t *w) {
   const int n = w->cfg.size;
   const uint64_t limit_ms = (uint64_t)(w->cfg.timeout_s * 1000.0);
@@ -501,6 +753,10 @@ static bool check_timeout(wsrv_t *w) {
       S = oc->seq;
   }
   waiting_str(w, S, -1, wait, sizeof(wait));
+
+  /* calls past the others' endings: the majority of the decided */
+  if (check_ends(w, true))
+    return true;
 
   /* a stall that was injected says so */
   for (int i = 0; i < n; i++)
@@ -542,6 +798,14 @@ static bool check_timeout(wsrv_t *w) {
               "%s; rank %d is destroying the communicator after #%llu %s and never called "
               "#%llu: rank %d diverged",
               wait, i, (unsigned long long)r->last_begun, cs, (unsigned long long)S, i);
+    else if (r->blocked_at > 0 && r->blocked_peer >= 0)
+      /* held up by a send or receive: say which, and whom it waits for */
+      verdict(w, CHORUS_ERR_DIVERGED, i, S,
+              "%s; rank %d never called #%llu: it waits in %s rank %d (for %.1f s, after its "
+              "#%llu %s): rank %d diverged (its send or receive has no match)",
+              wait, i, (unsigned long long)S, r->blocked_recv ? "recv from" : "send to",
+              r->blocked_peer, r->beat_at - r->blocked_at, (unsigned long long)r->last_begun, cs,
+              i);
     else
       verdict(w, CHORUS_ERR_DIVERGED, i, S,
               "%s; rank %d never called #%llu (its last call, #%llu %s, began %.1f s ago): rank "
@@ -654,7 +918,7 @@ static void evaluate(wsrv_t *w, double now) {
     poll_all(w, now);
     return;
   }
-  if (check_conflict(w))
+  if (check_conflict(w) || check_ends(w, false) || check_deadlock(w, now))
     return;
   if (failed >= 0) {
     char wait[768];

@@ -9,14 +9,23 @@
  *   2. two ranks whose calls at one sequence number differ: another
  *      collective (DIVERGED) or other arguments (MISMATCH); the culprit is
  *      the rank outside the largest group of agreeing ranks;
- *   3. a call waiting past the timeout: the rank that never made it
- *      (DIVERGED: skipped the call, or destroyed the communicator), the rank
- *      still in an earlier call, the rank whose progress engine stopped
- *      (TIMEOUT: stalled), the end of the chain of ranks waiting for each
- *      other (TIMEOUT), or a cycle (TIMEOUT, no single culprit);
- *   4. a failure a rank reported (its own mismatch, a transport error): it
+ *   3. endings: a call some ranks began and a rank in chorus_comm_destroy
+ *      never did can not complete (DIVERGED at once): the minority is the
+ *      culprit, the ranks that left early or the ones that called after the
+ *      others left; undecided ranks that could tip it are waited for;
+ *   4. a deadlock: a cycle in the graph of what the applications wait in
+ *      (a receive from or send to a peer, a collective that a rank has not
+ *      begun), every member blocked together for a watchdog period
+ *      (DIVERGED at once, no single culprit);
+ *   5. a failure a rank reported (its own mismatch, a transport error): it
  *      polls every rank for a fresh beat first, so that rule 2 can name the
- *      culprit, then passes the failure on.
+ *      culprit, then passes the failure on;
+ *   6. a call waiting past the timeout: the rank that never made it
+ *      (DIVERGED: skipped the call, waits in an unmatched send or receive,
+ *      or left), the rank still in an earlier call, the rank whose progress
+ *      engine stopped (TIMEOUT: stalled), the end of the chain of ranks
+ *      waiting for each other (TIMEOUT), or a cycle (TIMEOUT, no single
+ *      culprit).
  * Its one verdict goes to every rank, which fails its communicator with it.
  * Runs on the server's thread only.
  */

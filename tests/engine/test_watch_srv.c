@@ -63,6 +63,11 @@ typedef struct beat_spec {
   int waits_for;
   bool reply;
   int failed;
+  bool destroying;
+  /* what the application waits in: for blocked_ms, in #blocked_seq or a
+   * receive from blocked_peer */
+  uint64_t blocked_ms, blocked_seq;
+  int blocked_peer;
 } beat_spec_t;
 
 static void beat(wsrv_t *w, int rank, beat_spec_t b, double now) {
@@ -98,6 +103,11 @@ static void beat(wsrv_t *w, int rank, beat_spec_t b, double now) {
   m.failed = b.failed;
   m.reply = b.reply;
   m.stalled = "";
+  m.destroying = b.destroying;
+  m.blocked_ms = b.blocked_ms;
+  m.blocked_seq = b.blocked_seq;
+  m.blocked_peer = b.blocked_ms && !b.blocked_seq ? b.blocked_peer : -1;
+  m.blocked_recv = b.blocked_ms && !b.blocked_seq;
   wsrv_beat(w, rank, &m, now);
 }
 
@@ -353,4 +363,143 @@ Test(ckpt, a_call_begun_after_the_clock_was_read_is_not_late) {
   cr_assert_lt(ckpt_age_ms(&got[0], before), 10u * 1000, "an open call a moment old aged %llu ms",
                (unsigned long long)ckpt_age_ms(&got[0], before));
   ckpt_fini(&k);
+}
+
+/* ---- the wait-for picture: no timeout needed ---- */
+
+Test(watch_srv, a_rank_that_leaves_while_the_others_call_is_named_at_once) {
+  sink_t s;
+  wsrv_t *w = judge(4, &s);
+  for (int r = 0; r < 4; r++)
+    beat(w, r, (beat_spec_t){.last = 5, .open = 1, .count = 4096, .wait_ms = 300, .waits_for = 2},
+         1.0);
+  /* rank 2 never began #5: it is in chorus_comm_destroy after #4 */
+  beat(w, 2, (beat_spec_t){.last = 4, .count = 4096, .waits_for = -1, .destroying = true}, 1.0);
+  wsrv_tick(w, 1.2);
+  cr_assert_eq(s.verdicts, 1, "no verdict at once: %s", s.text);
+  cr_assert_eq(s.code, CHORUS_ERR_DIVERGED);
+  cr_assert_eq(s.culprit, 2, "%s", s.text);
+  cr_assert(strstr(s.text, "rank 2 destroyed the communicator after #4"), "%s", s.text);
+  wsrv_free(w);
+}
+
+Test(watch_srv, a_call_after_the_others_left_names_the_caller) {
+  sink_t s;
+  wsrv_t *w = judge(4, &s);
+  for (int r = 0; r < 4; r++)
+    beat(w, r, (beat_spec_t){.last = 4, .count = 4096, .waits_for = -1, .destroying = true}, 1.0);
+  beat(w, 2, (beat_spec_t){.last = 5, .open = 1, .count = 4096, .wait_ms = 300, .waits_for = 0},
+       1.0);
+  wsrv_tick(w, 1.2);
+  cr_assert_eq(s.verdicts, 1, "no verdict at once: %s", s.text);
+  cr_assert_eq(s.code, CHORUS_ERR_DIVERGED);
+  cr_assert_eq(s.culprit, 2, "the lowest innocent blamed: %s", s.text);
+  cr_assert(strstr(s.text, "rank 2 called #5"), "%s", s.text);
+  cr_assert(strstr(s.text, "ranks 0,1,3 destroyed the communicator"), "%s", s.text);
+  wsrv_free(w);
+}
+
+Test(watch_srv, a_leaver_waits_for_the_undecided_when_they_could_tip_it) {
+  sink_t s;
+  wsrv_t *w = judge(4, &s);
+  /* ranks 0,1 in #5, rank 2 left after #4, rank 3 not yet at #5: 2 against 1 + 1 */
+  for (int r = 0; r < 2; r++)
+    beat(w, r, (beat_spec_t){.last = 5, .open = 1, .count = 4096, .wait_ms = 300, .waits_for = 2},
+         1.0);
+  beat(w, 2, (beat_spec_t){.last = 4, .count = 4096, .waits_for = -1, .destroying = true}, 1.0);
+  beat(w, 3, (beat_spec_t){.last = 4, .count = 4096, .waits_for = -1}, 1.0);
+  wsrv_tick(w, 1.2);
+  cr_assert_eq(s.verdicts, 0, "%s", s.text);
+  /* rank 3 calls #5: 3 against 1 */
+  beat(w, 3, (beat_spec_t){.last = 5, .open = 1, .count = 4096, .wait_ms = 10, .waits_for = 2},
+       1.4);
+  wsrv_tick(w, 1.4);
+  cr_assert_eq(s.verdicts, 1);
+  cr_assert_eq(s.culprit, 2, "%s", s.text);
+  wsrv_free(w);
+}
+
+Test(watch_srv, a_cycle_of_receives_is_a_deadlock_at_once) {
+  sink_t s;
+  wsrv_t *w = judge(4, &s);
+  for (int r = 0; r < 2; r++)
+    beat(w, r,
+         (beat_spec_t){.last = 5,
+                       .open = 1,
+                       .count = 4096,
+                       .wait_ms = 500,
+                       .waits_for = 2,
+                       .blocked_ms = 500,
+                       .blocked_seq = 5},
+         1.0);
+  beat(w, 2,
+       (beat_spec_t){
+           .last = 4, .count = 4096, .waits_for = -1, .blocked_ms = 300, .blocked_peer = 3},
+       1.0);
+  beat(w, 3,
+       (beat_spec_t){
+           .last = 4, .count = 4096, .waits_for = -1, .blocked_ms = 300, .blocked_peer = 2},
+       1.0);
+  wsrv_tick(w, 1.1);
+  cr_assert_eq(s.verdicts, 1, "no verdict at once");
+  cr_assert_eq(s.code, CHORUS_ERR_DIVERGED);
+  cr_assert(strstr(s.text, "deadlock: rank 2 waits in recv from rank 3, rank 3 waits in recv "
+                           "from rank 2"),
+            "%s", s.text);
+  cr_assert(strstr(s.text, "ranks 0,1 wait in #5"), "%s", s.text);
+  wsrv_free(w);
+}
+
+Test(watch_srv, a_receive_against_a_collective_is_a_deadlock) {
+  sink_t s;
+  wsrv_t *w = judge(4, &s);
+  for (int r = 0; r < 4; r++)
+    beat(w, r,
+         (beat_spec_t){.last = 5,
+                       .open = 1,
+                       .count = 4096,
+                       .wait_ms = 500,
+                       .waits_for = 2,
+                       .blocked_ms = 500,
+                       .blocked_seq = 5},
+         1.0);
+  beat(w, 2,
+       (beat_spec_t){
+           .last = 4, .count = 4096, .waits_for = -1, .blocked_ms = 300, .blocked_peer = 0},
+       1.0);
+  wsrv_tick(w, 1.1);
+  cr_assert_eq(s.verdicts, 1, "no verdict at once");
+  cr_assert(strstr(s.text, "rank 2 waits in recv from rank 0"), "%s", s.text);
+  cr_assert(strstr(s.text, "rank 0 waits in #5 allreduce"), "%s", s.text);
+  cr_assert(strstr(s.text, "which rank 2 has not called"), "%s", s.text);
+  wsrv_free(w);
+}
+
+Test(watch_srv, receives_in_turn_are_no_deadlock) {
+  sink_t s;
+  wsrv_t *w = judge(2, &s);
+  /* a ping-pong with slow turns: rank 0 waited from 0.5 to its beat at 1.0,
+   * rank 1 from 1.5 to its beat at 2.0: never both at once */
+  beat(w, 0,
+       (beat_spec_t){
+           .last = 4, .count = 4096, .waits_for = -1, .blocked_ms = 500, .blocked_peer = 1},
+       1.0);
+  beat(w, 1,
+       (beat_spec_t){
+           .last = 4, .count = 4096, .waits_for = -1, .blocked_ms = 500, .blocked_peer = 0},
+       2.0);
+  wsrv_tick(w, 2.0);
+  cr_assert_eq(s.verdicts, 0, "%s", s.text);
+  /* and a short wait is no wait */
+  beat(
+      w, 0,
+      (beat_spec_t){.last = 4, .count = 4096, .waits_for = -1, .blocked_ms = 50, .blocked_peer = 1},
+      2.0);
+  beat(
+      w, 1,
+      (beat_spec_t){.last = 4, .count = 4096, .waits_for = -1, .blocked_ms = 50, .blocked_peer = 0},
+      2.0);
+  wsrv_tick(w, 2.0);
+  cr_assert_eq(s.verdicts, 0, "%s", s.text);
+  wsrv_free(w);
 }
