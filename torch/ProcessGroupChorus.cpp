@@ -153,8 +153,9 @@ void check_count(const char *op, const char *what, size_t got, size_t want) {
 /* One tensor per process in the list forms (torch passes one per device). */
 const at::Tensor &only(const char *op, const std::vector<at::Tensor> &v, const char *what) {
   if (v.size() != 1)
-    bad_value(std::string("chorus ") + op + ": expects exactly one " + what +
-              " tensor per process, got " + std::to_string(v.size()));
+    bad_value(std::string("chorus ") + op + ": expects exactly one " +
+              (*what ? std::string(what) + " " : std::string()) + "tensor per process, got " +
+              std::to_string(v.size()));
   return v[0];
 }
 
@@ -216,18 +217,18 @@ double seconds_left(std::chrono::steady_clock::time_point deadline) {
 
 /* ======================= Core ======================= */
 
-Core::Core(chorus_comm_t *comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {
-  thread_ = std::thread([this] { completionLoop(); });
-}
+namespace {
+/* the Core whose completion thread this is, if any */
+thread_local Core *tl_pool = nullptr;
+} // namespace
+
+Core::Core(chorus_comm_t *comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
 
 Core::~Core() {
-  shutdown();
-}
-
-std::string Core::lastError() {
-  std::lock_guard<std::mutex> g(mu_);
-  return down_ ? std::string("the process group was destroyed")
-               : std::string(chorus_comm_last_error(comm_));
+  /* Threads and pending Works hold the Core: with none left, only a
+   * communicator never shut down remains (a group that failed halfway) */
+  if (!stop_)
+    chorus_comm_destroy(comm_);
 }
 
 void Core::launch(const WorkPtr &w, const std::function<chorus_result(Requests &)> &post) {
@@ -238,7 +239,12 @@ void Core::launch(const WorkPtr &w, const std::function<chorus_result(Requests &
   /* Works nobody waits for nor watches: release the finished ones now
    * and then, so that fire-and-forget calls do not pile up */
   if (unwatched_ >= 16)
-    sweep(lk, false);
+    for (WorkPtr &d : collect(false)) {
+      lk.unlock();
+      d->complete();
+      lk.lock();
+      finished(1);
+    }
   chorus_result rc = post(w->reqs_);
   if (rc != CHORUS_SUCCESS) {
     std::string why = chorus_comm_last_error(comm_);
@@ -276,8 +282,8 @@ bool Core::testLocked(WorkChorus *w) {
   return r.empty();
 }
 
-void Core::finish(std::unique_lock<std::mutex> &lk, WorkChorus *w) {
-  WorkPtr hold = *w->it_; /* the list's reference, dropped below */
+WorkPtr Core::take(WorkChorus *w) {
+  WorkPtr hold = *w->it_; /* the list's reference, dropped by the caller */
   pending_.erase(w->it_);
   w->pending_ = false;
   if (w->watched_)
@@ -285,22 +291,34 @@ void Core::finish(std::unique_lock<std::mutex> &lk, WorkChorus *w) {
   else
     unwatched_--;
   finishing_++;
+  return hold;
+}
+
+void Core::finished(size_t n) {
+  finishing_ -= static_cast<int>(n);
+  if (stop_ && finishing_ == 0 && pending_.empty()) {
+    idle_.notify_all();
+    cv_.notify_all(); /* spare threads: time to go */
+  }
+}
+
+void Core::finish(std::unique_lock<std::mutex> &lk, WorkChorus *w) {
+  WorkPtr hold = take(w);
   lk.unlock();
   w->complete();
   hold.reset(); /* may be the last reference: outside mu */
   lk.lock();
-  if (--finishing_ == 0 && pending_.empty())
-    idle_.notify_all();
+  finished(1);
 }
 
-bool Core::sweep(std::unique_lock<std::mutex> &lk, bool watched_only) {
-  std::vector<WorkChorus *> done;
-  for (auto &w : pending_)
-    if (w->users_ == 0 && (!watched_only || w->watched_) && testLocked(w.get()))
-      done.push_back(w.get());
-  for (WorkChorus *w : done)
-    finish(lk, w); /* only this thread takes Works with no user off the list */
-  return !done.empty();
+std::vector<WorkPtr> Core::collect(bool watched_only) {
+  std::vector<WorkPtr> done;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    WorkChorus *w = (it++)->get(); /* take() erases w's node */
+    if (w->users_ == 0 && (!watched_only || w->watched_) && testLocked(w))
+      done.push_back(take(w));
+  }
+  return done;
 }
 
 void Core::drive(WorkChorus *w, std::chrono::steady_clock::time_point deadline, bool forever) {
@@ -341,61 +359,93 @@ void Core::watch(WorkChorus *w) {
     return;
   w->watched_ = true;
   unwatched_--;
-  if (watched_++ == 0)
-    cv_.notify_one();
+  watched_++;
+  ensureLeader();
 }
 
-/* Completes the Works whose future was asked for, as their requests
- * finish; at shutdown, every Work. Sleeps in chorus_comm_wait_any while
- * such a Work is pending (each completion on the communicator wakes it;
- * one that lands between the test and the sleep is seen at the timeout,
- * 1 ms, doubling up to 50 ms while nothing finishes), else on cv_. */
-void Core::completionLoop() {
+void Core::ensureLeader() {
+  if (leader_ || (stop_ ? pending_.empty() : watched_ == 0))
+    return;
+  if (spares_ > 0) {
+    cv_.notify_one();
+    return;
+  }
+  alive_++;
+  threads_.emplace_back([self = shared_from_this()] { self->threadLoop(); });
+}
+
+/* The completion threads, leader and followers: one at a time leads,
+ * sleeping in chorus_comm_wait_any while a watched Work is pending (each
+ * completion on the communicator wakes it; one that lands between the
+ * test and the sleep is seen at the timeout, 1 ms, doubling up to 50 ms
+ * while nothing finishes). When Works finished, the leader steps down
+ * (ensureLeader wakes or starts a follower if watched Works remain) and
+ * completes them: their futures' callbacks may block on a later
+ * operation's future (PowerSGD waits inside its callbacks), which the
+ * next leader completes. */
+void Core::threadLoop() {
+  tl_pool = this;
   std::unique_lock<std::mutex> lk(mu_);
-  double nap = 1e-3;
   for (;;) {
     if (stop_ && pending_.empty())
       break;
-    if (!stop_ && watched_ == 0) {
+    if (leader_ || (!stop_ && watched_ == 0)) {
+      spares_++;
       cv_.wait(lk);
+      spares_--;
       continue;
     }
-    if (sweep(lk, !stop_)) {
-      nap = 1e-3;
-      continue;
+    leader_ = true;
+    double nap = 1e-3;
+    std::vector<WorkPtr> done;
+    while (!(stop_ ? pending_.empty() : watched_ == 0)) {
+      done = collect(!stop_);
+      if (!done.empty())
+        break;
+      lk.unlock();
+      chorus_comm_wait_any(comm_, nap);
+      lk.lock();
+      nap = std::min(nap * 2, 0.05);
     }
+    leader_ = false;
+    if (done.empty())
+      continue;
+    ensureLeader();
     lk.unlock();
-    chorus_comm_wait_any(comm_, nap);
+    for (WorkPtr &w : done)
+      w->complete();
+    size_t n = done.size();
+    done.clear(); /* may drop the last references: outside mu */
     lk.lock();
-    nap = std::min(nap * 2, 0.05);
+    finished(n);
   }
+  alive_--;
+  idle_.notify_all();
+  cv_.notify_all();
+  tl_pool = nullptr;
 }
 
 void Core::shutdown() {
   std::unique_lock<std::mutex> lk(mu_);
-  if (down_ || stop_)
+  if (stop_)
     return;
-  stop_ = true;
-  cv_.notify_all();
-  if (std::this_thread::get_id() == thread_.get_id()) {
-    /* a future's callback dropped the group: complete the rest here */
-    while (!pending_.empty())
-      if (!sweep(lk, false)) {
-        lk.unlock();
-        chorus_comm_wait_any(comm_, 0.01);
-        lk.lock();
-      }
-    thread_.detach();
-  } else {
+  if (tl_pool == this) {
+    /* inside a future's callback on one of our threads, whose completion
+     * the shutdown waits for: let another thread do it */
     lk.unlock();
-    thread_.join();
-    lk.lock();
+    std::thread([self = shared_from_this()] { self->shutdown(); }).detach();
+    return;
   }
-  idle_.wait(lk, [this] { return pending_.empty() && finishing_ == 0; });
+  stop_ = true;
+  ensureLeader();
+  cv_.notify_all();
+  idle_.wait(lk, [this] { return pending_.empty() && finishing_ == 0 && alive_ == 0; });
+  std::vector<std::thread> threads = std::move(threads_);
   down_ = true;
-  chorus_comm_t *c = comm_;
   lk.unlock();
-  chorus_comm_destroy(c);
+  for (std::thread &t : threads)
+    t.join();
+  chorus_comm_destroy(comm_);
 }
 
 /* ======================= WorkChorus ======================= */

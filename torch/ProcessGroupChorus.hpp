@@ -45,8 +45,9 @@ using WorkPtr = c10::intrusive_ptr<WorkChorus>;
 using Requests = std::vector<chorus_request_t *>;
 
 /* The communicator and what completes its Works; shared by the process
- * group and its Works, so a Work outliving its group stays safe. */
-class Core {
+ * group, its Works and its completion threads, so a Work outliving its
+ * group stays safe. */
+class Core : public std::enable_shared_from_this<Core> {
  public:
   Core(chorus_comm_t *comm, int rank, int size);
   ~Core();
@@ -59,10 +60,12 @@ class Core {
   void drive(WorkChorus *w, std::chrono::steady_clock::time_point deadline, bool forever);
   /* Completes w if its requests finished (isCompleted). */
   void poll(WorkChorus *w);
-  /* w's future is wanted: the completion thread watches w. */
+  /* w's future is wanted: the completion threads watch w. */
   void watch(WorkChorus *w);
-  /* Completes every pending Work, stops the completion thread and destroys
-   * the communicator (collective, as chorus_comm_destroy). Idempotent. */
+  /* Completes every pending Work, stops the completion threads and
+   * destroys the communicator (collective, as chorus_comm_destroy).
+   * Idempotent. Called on a completion thread (a future's callback
+   * dropped the group), it hands that over to a thread of its own. */
   void shutdown();
 
   chorus_comm_t *comm() const {
@@ -74,33 +77,40 @@ class Core {
   int size() const {
     return size_;
   }
-  /* chorus_comm_last_error, read under mu */
-  std::string lastError();
 
  private:
   /* chorus_test on w's unreleased requests (mu held, no user inside
    * chorus_wait_for on them); true when all finished. */
   bool testLocked(WorkChorus *w);
-  /* w's requests all released and nobody waits inside: take w off the
-   * pending list and complete it (mu dropped meanwhile). */
+  /* Takes w (requests all released, nobody inside) off the pending list;
+   * the caller completes it outside mu, then calls finished(). */
+  WorkPtr take(WorkChorus *w);
+  void finished(size_t n);
+  /* take + complete + finished, mu dropped meanwhile */
   void finish(std::unique_lock<std::mutex> &lk, WorkChorus *w);
-  /* Tests the pending Works (all, or only watched ones) and completes
-   * those finished; true when one was. */
-  bool sweep(std::unique_lock<std::mutex> &lk, bool watched_only);
-  void completionLoop();
+  /* Takes the pending Works (all, or only the watched ones) whose
+   * requests finished. */
+  std::vector<WorkPtr> collect(bool watched_only);
+  /* mu held: some thread leads (watches the communicator) whenever a
+   * watched Work is pending, or any Work at shutdown. */
+  void ensureLeader();
+  void threadLoop();
 
   chorus_comm_t *comm_;
   const int rank_, size_;
-  std::mutex mu_;               /* every chorus call on comm_ but the two waits */
-  std::condition_variable cv_;  /* completion thread: a Work to watch, or stop */
-  std::condition_variable idle_; /* shutdown: the last Work completed */
-  std::list<WorkPtr> pending_;  /* posted, not completed, in posting order */
-  size_t watched_ = 0;          /* pending Works whose future was asked for */
-  size_t unwatched_ = 0;        /* the others (swept now and then by launch) */
-  int finishing_ = 0;           /* Works off the list, being completed outside mu */
-  bool stop_ = false;           /* shutdown began: complete everything, then exit */
-  bool down_ = false;           /* the communicator is destroyed */
-  std::thread thread_;
+  std::mutex mu_;                /* every chorus call on comm_ but the two waits */
+  std::condition_variable cv_;   /* spare completion threads: lead, or exit */
+  std::condition_variable idle_; /* shutdown: the last Work completed, the threads left */
+  std::list<WorkPtr> pending_;   /* posted, not completed, in posting order */
+  size_t watched_ = 0;           /* pending Works whose future was asked for */
+  size_t unwatched_ = 0;         /* the others (swept now and then by launch) */
+  int finishing_ = 0;            /* Works off the list, being completed outside mu */
+  bool leader_ = false;          /* a completion thread watches the communicator */
+  int spares_ = 0;               /* completion threads waiting on cv_ */
+  int alive_ = 0;                /* completion threads not yet returned */
+  std::vector<std::thread> threads_;
+  bool stop_ = false;            /* shutdown began: complete everything, then exit */
+  bool down_ = false;            /* the communicator is destroyed */
 };
 
 /* One torch call: the requests it posted and what to do when they finish. */
