@@ -366,6 +366,25 @@ CHORUS_API chorus_result chorus_test(chorus_request_t **req, int *done);
  * it, sets *req to NULL and returns the operation's result. */
 CHORUS_API chorus_result chorus_wait(chorus_request_t **req);
 
+/*
+ * ---- Completing requests from another thread ----
+ * For frameworks that complete their operations on a thread of their own
+ * (the PyTorch backend's futures). Unlike every other call on a
+ * communicator, these two may run while another thread makes calls on the
+ * same communicator; the request must stay unreleased until they return.
+ *
+ * chorus_wait_for: wait up to timeout_s seconds (negative: no limit; 0:
+ * just look) for req to finish, driving the communicator as chorus_wait
+ * does, without releasing it: *done is 1 once it finished (chorus_test
+ * then releases it and returns its result), else 0. Several threads may
+ * wait on one request at once.
+ * chorus_comm_wait_any: sleep, without driving comm, until some request
+ * of comm finishes or timeout_s (negative: no limit) passes; it may also
+ * return early. The caller then tests its requests.
+ */
+CHORUS_API chorus_result chorus_wait_for(chorus_request_t *req, double timeout_s, int *done);
+CHORUS_API chorus_result chorus_comm_wait_any(chorus_comm_t *comm, double timeout_s);
+
 #ifdef __cplusplus
 }
 #endif
