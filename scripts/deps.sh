@@ -7,7 +7,8 @@ PKGS=(build-essential cmake pkg-config clang
       libevent-dev libfabric-dev libfabric-bin
       protobuf-c-compiler libprotobuf-c-dev libcriterion-dev
       openmpi-bin libopenmpi-dev procps
-      chromium) # headless page check of chorus-trace (ctest -L browser)
+      chromium # headless page check of chorus-trace (ctest -L browser)
+      python3-torch libtorch-dev python3-dev pybind11-dev python3-pytest) # the PyTorch backend (torch/, ctest -L torch)
 
 missing=()
 for p in "${PKGS[@]}"; do
