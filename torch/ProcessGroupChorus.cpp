@@ -453,11 +453,26 @@ void Core::shutdown() {
 WorkChorus::WorkChorus(std::shared_ptr<Core> core, c10d::OpType type, const char *name,
                        std::vector<at::Tensor> outputs)
     : c10d::Work(core->rank(), type), core_(std::move(core)), name_(name),
-      outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+      outputs_(std::move(outputs)) {}
 
 WorkChorus::~WorkChorus() = default;
+
+namespace {
+
+const c10::TypePtr &tensor_list_type() {
+  static const c10::TypePtr t = c10::ListType::create(c10::TensorType::get());
+  return t;
+}
+
+} // namespace
+
+void WorkChorus::markFuture(const c10::intrusive_ptr<c10::ivalue::Future> &fut,
+                            const std::exception_ptr &ex) {
+  if (ex)
+    fut->setError(ex);
+  else
+    fut->markCompleted(c10::IValue(outputs_));
+}
 
 void WorkChorus::complete() {
   std::exception_ptr ex;
@@ -473,11 +488,22 @@ void WorkChorus::complete() {
   }
   unpack_.clear();
   keep_.clear();
-  finish(ex);
-  if (ex)
-    future_->setError(ex);
-  else
-    future_->markCompleted(c10::IValue(outputs_));
+  /* as Work::finish, and the future made before completion (getFuture
+   * marks one made after it) */
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  {
+    std::unique_lock<std::mutex> lk(mutex_);
+    completed_ = true;
+    exception_ = ex;
+    fut = future_;
+    if (recordFunctionEndCallback_) {
+      recordFunctionEndCallback_();
+      recordFunctionEndCallback_ = nullptr;
+    }
+  }
+  cv_.notify_all();
+  if (fut)
+    markFuture(fut, ex);
 }
 
 bool WorkChorus::isCompleted() {
@@ -508,7 +534,21 @@ bool WorkChorus::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+/* Made on demand (most calls are waited for, not chained). Marked by
+ * complete() when made before the Work completed, else here. */
 c10::intrusive_ptr<c10::ivalue::Future> WorkChorus::getFuture() {
+  {
+    std::unique_lock<std::mutex> lk(mutex_);
+    if (future_)
+      return future_;
+    future_ = c10::make_intrusive<c10::ivalue::Future>(tensor_list_type());
+    if (completed_) {
+      std::exception_ptr ex = exception_;
+      lk.unlock();
+      markFuture(future_, ex);
+      return future_;
+    }
+  }
   core_->watch(this);
   return future_;
 }

@@ -141,6 +141,7 @@ class WorkChorus : public c10d::Work {
   friend class Core;
   /* Marks the Work and its future (outside Core::mu). */
   void complete();
+  void markFuture(const c10::intrusive_ptr<c10::ivalue::Future> &fut, const std::exception_ptr &ex);
 
   std::shared_ptr<Core> core_;
   const char *name_; /* "allreduce", ... for messages */
@@ -156,7 +157,7 @@ class WorkChorus : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
   std::vector<std::function<void()>> unpack_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_; /* under mutex_, made by getFuture */
 };
 
 class ProcessGroupChorus : public c10d::ProcessGroup {
