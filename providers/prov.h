@@ -212,6 +212,14 @@ typedef struct prov_ops {
    * (shm: their region in /dev/shm, which a killed process can not
    * unlink). Returns how many were removed. NULL: nothing to do. */
   int (*reap)(prov_t *p);
+  /* Called on every rank of a job after add_peers succeeded everywhere
+   * (the engine's creation; never from inside another rank's call): waits,
+   * at most timeout_s, until every peer has taken in what it opens of ours
+   * by name, then removes the names (shm: the regions in /dev/shm), so that
+   * from here on nothing is left behind by a process that is killed.
+   * Returns 0, or <0 with last_error set: -ECONNRESET, a peer ended or
+   * closed first; -ETIMEDOUT. NULL: the transport names nothing. */
+  int (*settle)(prov_t *p, double timeout_s);
   /* Sends what the endpoint still owes peers (queued messages) and delivers
    * the completions it holds, without looking for news from them (no
    * system call when nothing is queued): for a round that starts new work

@@ -1004,6 +1004,11 @@ static int fault_reap(prov_t *p) {
   return c && c->ops->reap ? c->ops->reap(c) : 0;
 }
 
+static int fault_settle(prov_t *p, double timeout_s) {
+  prov_t *c = enter(to_fault(p));
+  return c->ops->settle ? c->ops->settle(c, timeout_s) : 0;
+}
+
 /* The same table twice but for release(): see fault_ops_no_release's use. */
 #define FAULT_OPS(release_fn)                                                                      \
   {                                                                                                \
@@ -1011,7 +1016,7 @@ static int fault_reap(prov_t *p) {
     .add_peers = fault_add_peers, .post_send = fault_post_send, .post_recv = fault_post_recv,      \
     .cancel = fault_cancel, .progress = fault_progress, .wait_fd = fault_wait_fd,                  \
     .arm = fault_arm, .disarm = fault_disarm, .max_posted = fault_max_posted,                      \
-    .close = fault_close, .release = release_fn, .reap = fault_reap,                               \
+    .close = fault_close, .release = release_fn, .reap = fault_reap, .settle = fault_settle,       \
   }
 
 const prov_ops_t prov_fault_ops = FAULT_OPS(fault_release);

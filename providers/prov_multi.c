@@ -457,6 +457,20 @@ static int multi_reap(prov_t *p) {
   return n;
 }
 
+static int multi_settle(prov_t *p, double timeout_s) {
+  struct multi_ep *m = to_multi(p);
+
+  for (int i = 0; i < 2; i++) {
+    prov_t *c = m->child[i].p;
+    int rc = c && c->ops->settle ? c->ops->settle(c, timeout_s) : 0;
+    if (rc) {
+      multi_seterr(m, "%s: %s", m->child_name[i], c->last_error);
+      return rc;
+    }
+  }
+  return 0;
+}
+
 static void multi_release(prov_t *p, prov_op_t *op) {
   struct multi_ep *m = to_multi(p);
   int i = multi_owner(m, op);
@@ -582,4 +596,5 @@ const prov_ops_t prov_multi_ops = {
     .close = multi_close,
     .release = multi_release,
     .reap = multi_reap,
+    .settle = multi_settle,
 };

@@ -64,6 +64,7 @@
  *  whose address is in its name.
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <dirent.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -125,6 +126,10 @@
 #define OFI_ACK_RING 16
 #define OFI_ACK_RING_MAX_RANKS 256
 #define OFI_MAPS 32 /* peers' chorus_mem_alloc regions kept mapped (LRU) */
+/* ofi_db_page.mapped, set once by add_peers (0 before): every peer's shm
+ * region is mapped here / not every one (see "Names"). */
+#define OFI_MAPPED_ALL 1u
+#define OFI_MAPPED_SOME 2u
 /* Bounce slots: a rendezvous send of up to bounce_max bytes (prov_config_t.
  * shm_bounce, at most OFI_BOUNCE_MAX) from memory peers can not map is first
  * copied into one of these, in a region they can; from memory they can map
@@ -220,6 +225,8 @@ struct ofi_db_page {
   uint64_t nonce;            /* checked by peers after mapping */
   _Atomic uint32_t sleeping; /* owner is asleep (or about to be) on its socket */
   _Atomic uint32_t want_any; /* some bit of want[] is set */
+  _Atomic uint32_t mapped;   /* OFI_MAPPED_*: the peers' regions after our add_peers ("Names") */
+  _Atomic uint32_t closed;   /* the owner closed its endpoint */
   _Atomic uint64_t want[];   /* rank r's bit: ring r after our next progress */
   /* then _Atomic uint32_t bounce_done[nranks] (db_done_word): bit k of
    * entry r, rank r's bounce slot k that we finished reading;
@@ -285,6 +292,9 @@ struct ofi_ep {
   size_t bounce_share;                /* bytes of the region each slot moves along */
   size_t bounce_at[OFI_BOUNCE_SLOTS]; /* where in its share a slot's next message goes */
   int rank, nranks;
+  char region[96];   /* shm: our region's name in /dev/shm ("Names"), "" if not ours */
+  bool region_named; /* ... and it is still there */
+  uint64_t pidns;    /* our PID namespace's inode, 0 if /proc is not ours */
   char prov_name[64];
   char errmsg[256];
   bool closing;
@@ -1012,6 +1022,13 @@ static size_t ofi_bounce_region(size_t slot) {
   return share * OFI_BOUNCE_SLOTS;
 }
 
+/* Names of shm regions (see "Names"): pid, rank, nonce, start time, PID namespace. */
+#define NAMES_FORMAT "chorus-%d-%d-%016llx-%llu-%llu"
+static uint64_t names_pidns(void);
+static bool names_start_time(int32_t pid, uint64_t *start);
+static int names_sweep(void);
+static bool names_all_mapped(const struct ofi_ep *o);
+
 static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errlen) {
   unsigned char fab[OFI_FABNAME_MAX];
   size_t fab_len = sizeof(fab) - 1;
@@ -1097,22 +1114,28 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
   if (o->wait == OFI_WAIT_DOORBELL && o->info->addr_format == FI_ADDR_STR) {
     /* shm names its region after its address, by default the pid: a
      * process killed before it could unlink it leaves the name taken for
-     * the next process that gets the pid (EBUSY). Ours are unique. ofi_reap
-     * removes a dead peer's by the whole name it published; chorus-run
-     * (remove_rank_regions) and the tests (mp_count_dev_shm_of) find a
-     * rank's by the "chorus-PID-" prefix: change them with it. */
+     * the next process that gets the pid (EBUSY). Ours are unique, and say
+     * who made them (see "Names"). chorus-run (remove_rank_regions) and the
+     * tests (mp_count_dev_shm_of) find a rank's by the "chorus-PID-"
+     * prefix: change them with it. */
     struct timespec ts;
-    char name[96];
+    char name[sizeof(o->region) + 9];
+    uint64_t start = 0, pidns = names_pidns();
+    if (pidns && !names_start_time(o->pid, &start))
+      pidns = 0;
+    o->pidns = pidns;
+    (void)names_sweep();
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t nonce = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^
                      ((uint64_t)(uintptr_t)o << 7) ^ ((uint64_t)o->pid << 40);
-    snprintf(name, sizeof(name), "chorus://chorus-%d-%d-%016llx", (int)o->pid, cfg->rank,
-             (unsigned long long)nonce);
+    snprintf(name, sizeof(name), "chorus://" NAMES_FORMAT, (int)o->pid, cfg->rank,
+             (unsigned long long)nonce, (unsigned long long)start, (unsigned long long)pidns);
     char *dup = strdup(name);
     if (dup) {
       free(o->info->src_addr);
       o->info->src_addr = dup;
       o->info->src_addrlen = strlen(dup) + 1;
+      snprintf(o->region, sizeof(o->region), "%s", name + 9);
     }
   }
   rc = fi_fabric(o->info->fabric_attr, &o->fabric, NULL);
@@ -1152,6 +1175,7 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
     prov_errf(errbuf, errlen, "ofi %s: endpoint setup: %s", o->prov_name, fi_strerror(-rc));
     goto out_close_endpoint;
   }
+  o->region_named = o->region[0] != '\0';
   /* FI_ADDR_STR names go back to fi_av_insert as C strings. */
   if (o->info->addr_format == FI_ADDR_STR && (fab_len == 0 || fab[fab_len - 1] != '\0'))
     fab[fab_len++] = '\0';
@@ -1265,6 +1289,11 @@ static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens
       d->sar = no_cma || !db_cma_works(pa.pid, pa.va, pa.nonce);
     }
   }
+  /* Peers wait for this in settle before they remove their names. */
+  if (o->db_peers)
+    atomic_store_explicit(&o->db_page->mapped,
+                          names_all_mapped(o) ? OFI_MAPPED_ALL : OFI_MAPPED_SOME,
+                          memory_order_release);
   return 0;
 
 out_unmap_peers:
@@ -1812,20 +1841,319 @@ bool prov_ofi_test_pid_dead(int32_t pid) {
   return pid_dead(pid);
 }
 
+/* ---- names in /dev/shm ----
+ *
+ * Names. shm's regions are POSIX shared memory, which peers open by name
+ * (/dev/shm/NAME) and which outlives a process that does not remove its
+ * own: a rank killed, or one that exits without chorus_comm_destroy (an
+ * exception: the usual way a trainer fails), left 16 MiB behind for good
+ * unless its launcher cleaned up (chorus-run does; torchrun, srun and
+ * mpirun do not). libfabric 1.17 maps a peer's region when its address
+ * goes into the AV (fi_av_insert, in add_peers) and never opens it by name
+ * again: a connection request finds the mapping by the name it carries,
+ * and close unlinks its own name, there or not (strace of a run: one open
+ * per peer's region, from fi_av_insert). So a name is needed only until
+ * every peer has inserted it:
+ *
+ *   open       sweep (below); create NAME
+ *   add_peers  insert every peer (libfabric maps its region); our page's
+ *              mapped = ALL when /proc/self/maps shows every peer's NAME
+ *              mapped (or did so once in this process), else SOME
+ *   settle     wait for every peer's mapped; all ALL: unlink every NAME,
+ *              the peers' too (once all mapped all, anyone may)
+ *
+ * From settle on, a process killed leaves nothing. A libfabric that maps
+ * later (on the first send) makes SOME, and a peer whose doorbell page can
+ * not be mapped here (another PID namespace, a process that is not
+ * dumpable) can not say: the names then stay until close or reap, as they
+ * always did. Before settle:
+ *  - a rank that dies after it published its address: the others' settle
+ *    finds it dead and fails, creation fails, and comm_free's reap removes
+ *    its region by the name it published;
+ *  - a rank that dies before: nobody knows its name. reap (on the others'
+ *    failed creation) and every open sweep /dev/shm for regions proven
+ *    stale: named by a process of our PID namespace (its inode is in the
+ *    name, and /proc is ours) that no longer runs (no process with that pid
+ *    and start time, or it is on its way out), and owned by our user. A
+ *    region from another namespace sharing /dev/shm (containers), whose pid
+ *    would name another process here, is never touched, nor is a name of
+ *    another form;
+ *  - every rank of a host killed at once before settle (milliseconds): the
+ *    next communicator on the host sweeps their regions (chorus-run removes
+ *    them at once).
+ */
+
+static long ofi_elapsed_ns(const struct timespec *t0);
+
+/* The inode of this process's PID namespace; 0 when /proc is not this
+ * namespace's (/proc/self is not our pid), where a pid read would be
+ * another process's: then nothing is swept. */
+static uint64_t names_pidns(void) {
+  char buf[32];
+  struct stat st;
+  ssize_t n = readlink("/proc/self", buf, sizeof(buf) - 1);
+
+  if (n <= 0)
+    return 0;
+  buf[n] = '\0';
+  if (strtol(buf, NULL, 10) != (long)getpid() || stat("/proc/self/ns/pid", &st))
+    return 0;
+  return (uint64_t)st.st_ino;
+}
+
+/* Process pid's start time (clock ticks after boot, /proc/PID/stat field
+ * 22); false if it can not be read (*gone: there is no such process). */
+static bool names_start_of(int32_t pid, uint64_t *start, bool *gone) {
+  char buf[1024], *end;
+  const char *p;
+
+  *gone = false;
+  if (!proc_read(pid, "stat", buf, sizeof(buf), gone) || !(p = strrchr(buf, ')')))
+    return false;
+  for (int field = 2; field < 22; field++) /* ") " ends field 2, the name */
+    if (!(p = strchr(p + 1, ' ')))
+      return false;
+  errno = 0;
+  *start = strtoull(p + 1, &end, 10);
+  return end != p + 1 && !errno;
+}
+
+static bool names_start_time(int32_t pid, uint64_t *start) {
+  bool gone;
+  return names_start_of(pid, start, &gone);
+}
+
+/* The number at *p in `base` up to `sep`; *p moves past sep. */
+static bool names_field(const char **p, int base, char sep, uint64_t *v) {
+  char *end;
+
+  if (!(base == 16 ? isxdigit((unsigned char)**p) : isdigit((unsigned char)**p)))
+    return false;
+  errno = 0;
+  *v = strtoull(*p, &end, base);
+  if (errno || *end != sep)
+    return false;
+  *p = end + 1;
+  return true;
+}
+
+/* A name made by ofi_open (NAMES_FORMAT, without "chorus://"): who made it. */
+static bool names_parse(const char *name, int32_t *pid, uint64_t *start, uint64_t *pidns) {
+  static const int base[5] = {10, 10, 16, 10, 10}; /* pid, rank, nonce, start, pidns */
+  uint64_t v[5];
+  const char *p = name;
+
+  if (strncmp(p, "chorus-", 7) != 0)
+    return false;
+  p += 7;
+  for (int i = 0; i < 5; i++)
+    if (!names_field(&p, base[i], i < 4 ? '-' : '\0', &v[i]))
+      return false;
+  if (v[0] == 0 || v[0] > INT32_MAX)
+    return false;
+  *pid = (int32_t)v[0];
+  *start = v[3];
+  *pidns = v[4];
+  return true;
+}
+
+/* Whether region NAME was made in our PID namespace, where its pid means
+ * its maker. */
+static bool names_ours(const struct ofi_ep *o, const char *name) {
+  int32_t pid;
+  uint64_t start, pidns;
+  return o->pidns && names_parse(name, &pid, &start, &pidns) && pidns == o->pidns;
+}
+
+/* Whether the process that made a region (pid, start time) can use it no
+ * more: none runs with that pid, the pid is another's now, or it is on its
+ * way out. */
+static bool names_stale(int32_t pid, uint64_t start) {
+  uint64_t now;
+  bool gone;
+
+  if (!names_start_of(pid, &now, &gone))
+    return gone;
+  return now != start || pid_dead(pid);
+}
+
+/* Removes the regions in /dev/shm that processes of ours left behind and
+ * can use no more (see "Names"). Returns how many. */
+static int names_sweep(void) {
+  uint64_t ns = names_pidns();
+  uid_t me = geteuid();
+  struct dirent *e;
+  DIR *dir;
+  int n = 0;
+
+  if (!ns || !(dir = opendir("/dev/shm")))
+    return 0;
+  while ((e = readdir(dir))) {
+    int32_t pid;
+    uint64_t start, pidns;
+    struct stat st;
+
+    if (!names_parse(e->d_name, &pid, &start, &pidns) || pidns != ns ||
+        fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode) ||
+        st.st_uid != me || !names_stale(pid, start))
+      continue;
+    n += unlinkat(dirfd(dir), e->d_name, 0) == 0;
+  }
+  closedir(dir);
+  return n;
+}
+
+/* Set once /proc/self/maps showed every peer's region mapped after add_peers:
+ * this process's libfabric maps regions when they are inserted. Reading the
+ * maps costs some 2 us a mapping (10 ms in a process with 5000, as a
+ * trainer's with CUDA), so it is read until it showed that once. */
+static atomic_bool names_mapped_at_insert;
+
+/* Whether libfabric has mapped every peer's region here: its name among
+ * our mappings (/proc/self/maps). */
+static bool names_all_mapped(const struct ofi_ep *o) {
+  static const char dir[] = " /dev/shm/";
+  int left = o->nranks > 1 ? o->nranks - 1 : 0;
+  bool *seen = calloc((size_t)left + 1, sizeof(*seen)); /* by rank, ours not used */
+  char *line = NULL;
+  size_t cap = 0;
+  FILE *f;
+
+  if (!seen)
+    return false;
+  for (int i = 0; i < o->nranks; i++)
+    if (i != o->rank && !o->db_peers[i].region[0])
+      goto out; /* a name we can not look for */
+  if (atomic_load(&names_mapped_at_insert))
+    left = 0;
+  if (left > 0 && (f = fopen("/proc/self/maps", "re"))) {
+    while (left > 0 && getline(&line, &cap, f) > 0) {
+      char *name = strstr(line, dir);
+      if (!name)
+        continue;
+      name += sizeof(dir) - 1;
+      name[strcspn(name, "\n")] = '\0';
+      for (int i = 0; i < o->nranks; i++)
+        if (i != o->rank && !seen[i] && strcmp(name, o->db_peers[i].region) == 0) {
+          seen[i] = true;
+          left--;
+          break;
+        }
+    }
+    fclose(f);
+    free(line);
+    if (left == 0)
+      atomic_store(&names_mapped_at_insert, true);
+  }
+out:
+  free(seen);
+  return left == 0;
+}
+
+/* Waits for peer i's mapped (see "Names"): 0 with *state, 0 when its page
+ * is not mapped here (nobody can tell then), or <0 when it ended or closed
+ * first, or the time ran out. */
+static int names_await(struct ofi_ep *o, int i, const struct timespec *t0, long limit_ns,
+                       uint32_t *state) {
+  struct ofi_db_peer *d = &o->db_peers[i];
+  unsigned nap_us = 10;
+  long look_at = 0;
+
+  *state = 0;
+  if (!d->page) {
+    /* its doorbell page could not be mapped: from our namespace, because
+     * it is gone; from another, we can not tell, and the names stay */
+    if (names_ours(o, d->region) && pid_dead(d->pid))
+      goto out_ended;
+    return 0;
+  }
+  for (;;) {
+    uint32_t st = atomic_load_explicit(&d->page->mapped, memory_order_acquire);
+    if (st) {
+      *state = st;
+      return 0;
+    }
+    if (atomic_load(&d->page->closed)) {
+      ofi_seterr(o, "rank %d closed its endpoint before it had inserted its peers' addresses", i);
+      return -ECONNRESET;
+    }
+    long el = ofi_elapsed_ns(t0);
+    if (el >= look_at) { /* its page is mapped: its pid is of our namespace */
+      if (pid_dead(d->pid))
+        goto out_ended;
+      look_at = el + 10 * 1000 * 1000L;
+    }
+    if (limit_ns > 0 && el >= limit_ns) {
+      ofi_seterr(o, "rank %d (pid %d) did not insert its peers' addresses within %.1f s", i,
+                 (int)d->pid, (double)limit_ns / 1e9);
+      return -ETIMEDOUT;
+    }
+    struct timespec nap = {0, (long)nap_us * 1000};
+    nanosleep(&nap, NULL);
+    if (nap_us < 1000)
+      nap_us *= 2;
+  }
+out_ended:
+  ofi_seterr(o, "rank %d (pid %d) ended before it had inserted its peers' addresses", i,
+             (int)d->pid);
+  return -ECONNRESET;
+}
+
+static int ofi_settle(prov_t *p, double timeout_s) {
+  struct ofi_ep *o = to_ofi(p);
+  long limit_ns = timeout_s > 0 ? (long)(timeout_s * 1e9) : 0;
+  struct timespec t0;
+  bool all;
+
+  if (!o->region[0])
+    return 0;
+  if (!o->db_peers) {
+    ofi_seterr(o, "settle before add_peers");
+    return -EINVAL;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  all = atomic_load(&o->db_page->mapped) == OFI_MAPPED_ALL;
+  for (int i = 0; i < o->nranks; i++) {
+    uint32_t state;
+    int rc;
+
+    if (i == o->rank)
+      continue;
+    if ((rc = names_await(o, i, &t0, limit_ns, &state)))
+      return rc;
+    all = all && state == OFI_MAPPED_ALL;
+  }
+  if (!all)
+    return 0;
+  for (int i = 0; i < o->nranks; i++) {
+    struct ofi_db_peer *d = &o->db_peers[i];
+    if (i != o->rank && d->region[0]) {
+      (void)shm_unlink(d->region);
+      d->region[0] = '\0';
+    }
+  }
+  if (o->region_named)
+    (void)shm_unlink(o->region);
+  o->region_named = false;
+  return 0;
+}
+
+/* Peers' regions still named (settle did not run, or kept the names) whose
+ * process ended, then what the sweep finds (see "Names"): ranks that died
+ * before they published a name. */
 static int ofi_reap(prov_t *p) {
   struct ofi_ep *o = to_ofi(p);
-  char path[128];
   int n = 0;
 
   for (int i = 0; o->db_peers && i < o->nranks; i++) {
     struct ofi_db_peer *d = &o->db_peers[i];
-    if (i == o->rank || !d->region[0] || !pid_dead(d->pid))
+    if (i == o->rank || !d->region[0] || !names_ours(o, d->region) || !pid_dead(d->pid))
       continue;
-    snprintf(path, sizeof(path), "/dev/shm/%s", d->region);
-    if (unlink(path) == 0)
-      n++;
+    n += shm_unlink(d->region) == 0;
     d->region[0] = '\0';
   }
+  if (o->region[0])
+    n += names_sweep();
   return n;
 }
 
@@ -2498,6 +2826,8 @@ static void ofi_close(prov_t *p) {
   size_t i;
 
   o->closing = true;
+  if (o->db_page) /* a peer in settle waits no longer */
+    atomic_store(&o->db_page->closed, 1);
   for (i = 0; i < 2 * o->max_posted; i++)
     if (o->slots[i].early)
       (void)fi_cancel(&o->ep->fid, &o->slots[i].ack_fctx);
@@ -2565,4 +2895,5 @@ const prov_ops_t prov_ofi_ops = {
     .close = ofi_close,
     .release = ofi_release,
     .reap = ofi_reap,
+    .settle = ofi_settle,
 };

@@ -151,6 +151,13 @@ int pt_open_job_cfg(const prov_config_t *base, void *world, int n, prov_t **eps,
       goto out_close;
     }
   }
+  for (i = 0; i < n; i++) {
+    rc = eps[i]->ops->settle ? eps[i]->ops->settle(eps[i], 10.0) : 0;
+    if (rc) {
+      snprintf(err, errlen, "settle of rank %d: %d (%s)", i, rc, eps[i]->last_error);
+      goto out_close;
+    }
+  }
   for (i = 0; i < n; i++)
     free(addrs[i]);
   return 0;
@@ -192,6 +199,10 @@ int pt_open_peer(const char *cfg_name, const char *job_id, int rank, int sock, p
   lens[1 - rank] = (size_t)got;
   if ((rc = p->ops->add_peers(p, addrs, lens, 2))) {
     snprintf(err, errlen, "add_peers: %s", p->last_error);
+    goto fail;
+  }
+  if (p->ops->settle && (rc = p->ops->settle(p, 10.0))) {
+    snprintf(err, errlen, "settle: %s", p->last_error);
     goto fail;
   }
   *out = p;

@@ -44,9 +44,11 @@ void pt_fill(void *buf, size_t len, uint64_t seed);
 /* Index of the first wrong byte, or (size_t)-1 if all match. */
 size_t pt_check(const void *buf, size_t len, uint64_t seed);
 
-/* Opens `n` endpoints of one job in this process, exchanges their names and
- * adds the peers. cfg_name: provider name. world: inproc world or NULL.
- * Returns 0 or the failing code, with the reason in err. */
+/* Opens `n` endpoints of one job in this process, exchanges their names,
+ * adds the peers and settles (as the engine does: shm's regions are then
+ * mapped by every peer and gone from /dev/shm). cfg_name: provider name.
+ * world: inproc world or NULL. Returns 0 or the failing code, with the
+ * reason in err. */
 int pt_open_job(const char *cfg_name, void *world, int n, prov_t **eps, char *err, size_t errlen);
 /* The same with more settings: base gives the name and anything else
  * (faults...); rank, nranks, job_id and inproc_world are filled in. */
@@ -55,7 +57,7 @@ int pt_open_job_cfg(const prov_config_t *base, void *world, int n, prov_t **eps,
 void pt_close_job(prov_t **eps, int n);
 /* One rank of a 2-rank job whose other rank is another process: opens this
  * rank's endpoint, swaps names with the peer over `sock` (a SOCK_SEQPACKET
- * end shared with it) and adds the peers. Returns 0 (*out open) or the
+ * end shared with it), adds the peers and settles. Returns 0 (*out open) or the
  * failing code with the reason in err (*out NULL, nothing left open). */
 int pt_open_peer(const char *cfg_name, const char *job_id, int rank, int sock, prov_t **out,
                  char *err, size_t errlen);

@@ -464,18 +464,21 @@ static void check_close_with_posted(const char *name) {
   free(big);
 }
 
-/* Files of this process in /dev/shm (shm names its regions "<pid>:<uid>:<n>");
- * other processes on the host may come and go meanwhile. */
+/* Files of this process in /dev/shm (the regions Chorus names
+ * "chorus-<pid>-...", and libfabric's own names, "<pid>:<uid>:<n>"); other
+ * processes on the host may come and go meanwhile. */
 static int my_dev_shm_files(void) {
-  char prefix[32];
+  char prefix[32], ours[32];
   DIR *d = opendir("/dev/shm");
   struct dirent *e;
   int n = 0;
 
   cr_assert_not_null(d);
   snprintf(prefix, sizeof(prefix), "%d:", (int)getpid());
+  snprintf(ours, sizeof(ours), "chorus-%d-", (int)getpid());
   while ((e = readdir(d)))
-    n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    n += strncmp(e->d_name, prefix, strlen(prefix)) == 0 ||
+         strncmp(e->d_name, ours, strlen(ours)) == 0;
   closedir(d);
   return n;
 }
