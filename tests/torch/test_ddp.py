@@ -40,8 +40,8 @@ def test_parity_with_gloo(tmp_path, nranks):
 
 def test_deterministic_bitwise(tmp_path):
     env = {"CHORUS_DETERMINISTIC": "1"}
-    a = train(tmp_path, 4, "chorus", "det_a", env=env)[0]
-    b = train(tmp_path, 4, "chorus", "det_b", env=env)[0]
+    a = train(tmp_path, 4, "chorus", "det_a", env=env, steps=50)[0]
+    b = train(tmp_path, 4, "chorus", "det_b", env=env, steps=50)[0]
     assert torch.equal(a, b), f"two runs differ by {(a - b).abs().max().item()}"
 
 
@@ -51,7 +51,7 @@ def test_comm_hooks_train(tmp_path, hook):
     print(res.outputs[0])
     assert torch.isfinite(p).all()
     assert last < 0.9 * first, f"hook {hook}: the loss went from {first} to {last}"
-    if hook in ("fp16", "powersgd"):  # gloo has no bfloat16
+    if hook == "powersgd":  # the same low-rank approximation as over gloo
         q = train(tmp_path, 2, "gloo", hook + "_gloo", extra=["--hook", hook], steps=60)[0]
         diff = (p - q).abs().max().item()
         assert diff <= 1e-4, f"hook {hook}: parameters differ from gloo's by {diff}"
@@ -73,7 +73,10 @@ def test_overlap_buckets_start_during_backward(tmp_path):
 
 
 def test_torchrun(tmp_path):
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    # what --standalone does (a c10d rendezvous on this host), on a free port:
+    # --standalone's fixed 29400 collides with any other torchrun running here
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--rdzv_backend", "c10d",
+           "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--nproc_per_node", "2",
            "--redirects", "1", "--tee", "1", "--log_dir", str(tmp_path / "logs"),
            TRAIN_DDP, "--backend", "chorus", "--steps", "20", "--params", PARAMS]
     env = dict(os.environ, OMP_NUM_THREADS="1")
