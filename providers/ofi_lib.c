@@ -47,8 +47,7 @@ static int no_getinfo(uint32_t version, const char *node, const char *service, u
   return -FI_ENOSYS;
 }
 
-static void no_freeinfo(struct fi_info *info) {
-}
+static void no_freeinfo(struct fi_info *info) {}
 
 static struct fi_info *no_dupinfo(const struct fi_info *info) {
   return NULL;

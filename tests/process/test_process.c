@@ -63,8 +63,8 @@ static int checked_allreduce(chorus_comm_t *c, int rank, int size, size_t count,
   for (size_t i = 0; i < count && !rc && !bad; i++) {
     int32_t want = (int32_t)(1000 * size * (size - 1) / 2 + size * ((int)(i % 97) + salt));
     if (y[i] != want) {
-      fprintf(stderr, "rank %d: allreduce of %zu: [%zu] = %d, want %d\n", rank, count, i,
-              (int)y[i], (int)want);
+      fprintf(stderr, "rank %d: allreduce of %zu: [%zu] = %d, want %d\n", rank, count, i, (int)y[i],
+              (int)want);
       bad = 1;
     }
   }
@@ -131,8 +131,8 @@ static int fork_worker(int rank, int i) {
   while ((got = waitpid(pid, &st, WNOHANG)) == 0 && now_s() < deadline)
     usleep(1000);
   if (got == 0) {
-    fprintf(stderr, "rank %d: worker %d (pid %d) still runs 10 s after fork (state %c)\n", rank,
-            i, (int)pid, mp_proc_state(pid));
+    fprintf(stderr, "rank %d: worker %d (pid %d) still runs 10 s after fork (state %c)\n", rank, i,
+            (int)pid, mp_proc_state(pid));
     kill(pid, SIGKILL);
     waitpid(pid, &st, 0);
     return 1;

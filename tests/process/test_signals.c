@@ -67,23 +67,22 @@ static int sigs_diff(const sigs_t *was, int rank, const char *when) {
   sigs_take(&now);
   for (int sig = 1; sig < NSIG; sig++) {
     const struct sigaction *a = &was->act[sig], *b = &now.act[sig];
-    bool same = was->ok[sig] == now.ok[sig] && a->sa_handler == b->sa_handler &&
-                a->sa_flags == b->sa_flags;
+    bool same =
+        was->ok[sig] == now.ok[sig] && a->sa_handler == b->sa_handler && a->sa_flags == b->sa_flags;
     /* glibc fills only the kernel's part of sa_mask */
     for (int m = 1; m < NSIG && same; m++)
       same = sigismember(&a->sa_mask, m) == sigismember(&b->sa_mask, m);
     if (same)
       continue;
-    fprintf(stderr, "rank %d: %s: signal %d (%s) handler %p -> %p, flags %#x -> %#x\n", rank,
-            when, sig, strsignal(sig), (void *)a->sa_handler, (void *)b->sa_handler,
+    fprintf(stderr, "rank %d: %s: signal %d (%s) handler %p -> %p, flags %#x -> %#x\n", rank, when,
+            sig, strsignal(sig), (void *)a->sa_handler, (void *)b->sa_handler,
             (unsigned)a->sa_flags, (unsigned)b->sa_flags);
     n++;
   }
   return n;
 }
 
-static void on_usr1(int sig) {
-}
+static void on_usr1(int sig) {}
 
 /* What the environment held for IPATH_NO_BACKTRACE when the test began
  * (NULL: unset), set by each test before mp_run. */
@@ -238,10 +237,9 @@ static void signal_in_collective(const char *provider, int sig) {
   mp_remove_dev_shm_of_rank(&r, 0);
   mp_remove_dev_shm_of_rank(&r, 1);
   cr_assert_neq(got, 0, "rank 1 still ran 5 s after %s", strsignal(sig));
-  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == sig,
-            "rank 1 ended by %s %d, not by signal %d (%s)",
-            WIFSIGNALED(st) ? "signal" : "exit code", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st),
-            sig, strsignal(sig));
+  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == sig, "rank 1 ended by %s %d, not by signal %d (%s)",
+            WIFSIGNALED(st) ? "signal" : "exit code",
+            WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st), sig, strsignal(sig));
 }
 
 Test(signals, sigterm_ends_rank_shm) {
