@@ -28,9 +28,12 @@
  * the grace period.
  *
  * Once a rank is reaped, the shared-memory regions it left in /dev/shm are
- * removed (remove_rank_regions): a rank killed after every peer had gone
- * (frozen, then killed) has nobody left to do it, and each holds 16 MiB of
- * memory until the machine restarts.
+ * removed (remove_rank_regions). The library names a region only while a
+ * communicator is created, until every peer on the host has mapped it, and
+ * the others remove a dead rank's; but when every rank dies in those
+ * milliseconds nobody is left to do it, and each region holds 16 MiB of
+ * memory until the next communicator on the host sweeps it (or the machine
+ * restarts).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -712,11 +715,11 @@ static void rank_exited(job_t *job, int i, int status) {
 
 /*
  * Removes what the rank with this pid left in /dev/shm: the regions the
- * library's shm transport names "chorus-PID-RANK-NONCE" (prov_ofi.c). Once
- * the rank is reaped nothing else can own the name: a later process with the
- * same pid makes a new nonce, and peers that still map a region keep it.
- * Only regions of the rank's own pid: one a rank's child process made (a
- * wrapper that forks the program) is not found.
+ * library's shm transport names "chorus-PID-RANK-..." (prov_ofi.c,
+ * "Names"). Once the rank is reaped nothing else can own the name: a later
+ * process with the same pid makes a new nonce, and peers that still map a
+ * region keep it. Only regions of the rank's own pid: one a rank's child
+ * process made (a wrapper that forks the program) is not found.
  */
 static void remove_rank_regions(pid_t pid) {
   char prefix[32];
