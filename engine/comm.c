@@ -1301,18 +1301,6 @@ CHORUS_API chorus_result chorus_comm_init(chorus_comm_t **comm, int rank, int si
   return comm_init_with(comm, &in);
 }
 
-CHORUS_API chorus_result chorus_comm_init_from_env(chorus_comm_t **comm) {
-  chorus_launch_env_t e;
-  char err[1024];
-
-  if (!comm)
-    return eng_error(CHORUS_ERR_INVALID_ARG, "chorus_comm_init_from_env: comm is NULL");
-  *comm = NULL;
-  if (settings_launch_env(&e, err, sizeof(err)))
-    return eng_error(CHORUS_ERR_ENV, "%s", err);
-  return chorus_comm_init(comm, e.rank, e.size, e.rendezvous);
-}
-
 chorus_result eng_comm_init_local(eng_local_job_t *job, int rank, chorus_comm_t **out) {
   char err[1024];
   chorus_comm_t *c;

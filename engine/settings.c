@@ -282,7 +282,17 @@ static const struct setting settings_table[] = {
     {"LOCAL_RANK", SET_LAUNCH, NULL, "torchrun: rank on this host", LAUNCH},
     {"LOCAL_WORLD_SIZE", SET_LAUNCH, NULL, "torchrun: ranks on this host", LAUNCH},
     {"MASTER_ADDR", SET_LAUNCH, NULL, "torchrun: host of rank 0 (rendezvous host)", LAUNCH},
-    {"MASTER_PORT", SET_LAUNCH, NULL, "torchrun: rendezvous port", LAUNCH},
+    {"MASTER_PORT", SET_LAUNCH, NULL,
+     "torchrun: port of torch's TCPStore, through which rank 0 passes its rendezvous address "
+     "(Chorus never listens on it)",
+     LAUNCH},
+    {"CHORUS_RENDEZVOUS_PORT", SET_LAUNCH, NULL,
+     "rank 0's rendezvous port when nothing listens at MASTER_ADDR:MASTER_PORT (no TCPStore "
+     "there yet); default MASTER_PORT+1",
+     LAUNCH},
+    {"TORCHELASTIC_RESTART_COUNT", SET_LAUNCH, NULL,
+     "torchrun: restarts of the workers so far (part of the key rank 0's address goes under)",
+     LAUNCH},
     {"OMPI_COMM_WORLD_RANK", SET_LAUNCH, NULL, "Open MPI mpirun: global rank", LAUNCH},
     {"OMPI_COMM_WORLD_SIZE", SET_LAUNCH, NULL, "Open MPI mpirun: number of ranks", LAUNCH},
     {"OMPI_COMM_WORLD_LOCAL_RANK", SET_LAUNCH, NULL, "Open MPI mpirun: rank on this host", LAUNCH},
@@ -1115,7 +1125,8 @@ void settings_print_markdown(FILE *f, enum settings_md what) {
   fprintf(f, "\n## Launcher variables\n\n"
              "`chorus_comm_init_from_env()` takes rank and size as a pair from the first "
              "launcher that sets\neither, in this order: `CHORUS_*`, torchrun, Open MPI, Slurm; "
-             "the rendezvous from `CHORUS_RENDEZVOUS`,\nelse `MASTER_ADDR`:`MASTER_PORT`.\n\n"
+             "the rendezvous from `CHORUS_RENDEZVOUS`,\nelse through the TCPStore at "
+             "`MASTER_ADDR`:`MASTER_PORT` ([docs/launching.md](launching.md)).\n\n"
              "| variable | meaning |\n|---|---|\n");
   for (i = 0; i < NSETTINGS; i++) {
     const struct setting *st = &settings_table[i];
