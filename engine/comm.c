@@ -1130,10 +1130,18 @@ chorus_result comm_add_peer_records(chorus_comm_t *c, void *const *recs, const s
     alens[i] = eps[i]->address.len;
   }
   rc = c->prov->ops->add_peers(c->prov, addrs, alens, c->size);
-  if (rc)
+  if (rc) {
     ret = comm_error(c, CHORUS_ERR_TRANSPORT,
                      "transport %s: inserting peer addresses failed: %s (%s)", c->prov->name,
                      strerror(-rc), c->prov->last_error);
+    goto out;
+  }
+  /* every rank comes here: the peers' names (shm's /dev/shm files) go now */
+  rc = c->prov->ops->settle ? c->prov->ops->settle(c->prov, c->set.connect_timeout_s) : 0;
+  if (rc)
+    ret = comm_error(c, rc == -ETIMEDOUT ? CHORUS_ERR_TIMEOUT : CHORUS_ERR_PEER_LOST,
+                     "transport %s: waiting for the peers to map this rank's shared memory: %s",
+                     c->prov->name, c->prov->last_error);
 out:
   if (eps)
     for (int i = 0; i < c->size; i++)
