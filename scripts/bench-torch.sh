@@ -22,6 +22,7 @@ usage: scripts/bench-torch.sh [options]
   -r ROUNDS       rounds (default 5)
   --params N      DDP model parameters (default 1e7)
   --steps N       DDP steps per run (default 30; the first 5 left out of its median)
+  --batch N       DDP samples per rank and step (default 8: communication matters)
   --no-ddp        skip the DDP runs
   --build DIR     build directory with tools/chorus-run, tools/chorus-perf and the
                   torch/python package (default ./build)
@@ -39,7 +40,7 @@ die_usage() {
 }
 
 cd "$(dirname "$0")/.."
-ranks=2 sizes=32K,2M,64M rounds=5 params=1e7 steps=30 ddp=1 build=./build py="" out=""
+ranks=2 sizes=32K,2M,64M rounds=5 params=1e7 steps=30 batch=8 ddp=1 build=./build py="" out=""
 while [ $# -gt 0 ]; do
   case "$1" in
   -n) ranks=${2:?}; shift 2 ;;
@@ -47,6 +48,7 @@ while [ $# -gt 0 ]; do
   -r) rounds=${2:?}; shift 2 ;;
   --params) params=${2:?}; shift 2 ;;
   --steps) steps=${2:?}; shift 2 ;;
+  --batch) batch=${2:?}; shift 2 ;;
   --no-ddp) ddp=0; shift ;;
   --build) build=${2:?}; shift 2 ;;
   --python) py=${2:?}; shift 2 ;;
@@ -94,7 +96,7 @@ launch() {
 
 IFS=, read -r -a size_list <<<"$sizes"
 echo "# bench-torch: $ranks ranks, float32 SUM in place at $sizes, $rounds rounds," \
-  "DDP ${params} parameters x ${steps} steps; raw output in $out"
+  "DDP ${params} parameters x ${steps} steps, batch $batch; raw output in $out"
 for ((i = 1; i <= rounds; i++)); do
   echo "# round $i of $rounds"
   for s in "${size_list[@]}"; do
@@ -111,7 +113,7 @@ for ((i = 1; i <= rounds; i++)); do
   if [ $ddp = 1 ]; then
     for backend in chorus gloo; do
       launch "$out/ddp-$backend-$i.log" examples/torch/train_ddp.py --backend "$backend" \
-        --params "$params" --steps "$steps" --log-every 1000 || exit 1
+        --params "$params" --steps "$steps" --batch "$batch" --log-every 1000 || exit 1
     done
   fi
 done
