@@ -87,10 +87,24 @@ static void sleep_us(long us) {
   }
 }
 
+static atomic_int exit_now; /* the main thread exits at its next look */
+
+/* exit(1) runs the process's exit handlers and library destructors, which
+ * is only defined while no other thread is inside a library that they tear
+ * down: a trainer exits from its main thread, between calls (an exception),
+ * perhaps with nonblocking calls in flight. So in a collective the main
+ * thread exits itself (with its allreduce in flight); in creation and
+ * destroy, where it is inside Chorus, the rank ends by _exit(1), without
+ * destroy and without handlers. */
 static void die(void) {
   report("die %d %d %s %d\n", (int)getpid(), rank, atomic_load(&phase), own_files());
+  if (by_exit && when == W_COLL) {
+    atomic_store(&exit_now, 1);
+    for (;;)
+      pause();
+  }
   if (by_exit)
-    exit(1);
+    _exit(1);
   kill(getpid(), SIGKILL);
   for (;;)
     pause();
@@ -186,8 +200,18 @@ int main(void) {
   for (int k = 0; k < LB_CALLS; k++) {
     if (dies && when == W_COLL && k == when_call)
       atomic_store(&armed, 1);
-    if ((rc = chorus_allreduce(comm, buf, buf, LB_COUNT, CHORUS_FLOAT32, CHORUS_SUM)))
-      return failed(comm, "chorus_allreduce", rc);
+    chorus_request_t *req = NULL;
+    int done = 0;
+    if ((rc = chorus_iallreduce(comm, buf, buf, LB_COUNT, CHORUS_FLOAT32, CHORUS_SUM, &req)))
+      return failed(comm, "chorus_iallreduce", rc);
+    while (!done) {
+      if (atomic_load(&exit_now))
+        exit(1); /* an exception in the trainer's main thread, the call in flight */
+      if ((rc = chorus_test(&req, &done)))
+        return failed(comm, "chorus_allreduce", rc);
+      if (!done)
+        sleep_us(20);
+    }
   }
   free(buf);
   atomic_store(&phase, "destroy");
@@ -196,8 +220,12 @@ int main(void) {
   rc = chorus_comm_destroy(comm);
   atomic_store(&phase, "after");
   report("done %d %d %d\n", (int)getpid(), rank, rc ? 1 : 0);
-  if (dies) /* not dead yet: wait for it */
-    for (;;)
-      pause();
+  if (dies) { /* not dead yet: wait for it */
+    for (;;) {
+      if (atomic_load(&exit_now))
+        exit(1);
+      sleep_us(1000);
+    }
+  }
   return rc ? 1 : 0;
 }
