@@ -918,8 +918,10 @@ static void evaluate(wsrv_t *w, double now) {
     poll_all(w, now);
     return;
   }
-  if (check_conflict(w) || check_ends(w, false) || check_deadlock(w, now))
+  if (check_conflict(w))
     return;
+  /* before the endings: a rank that failed (a corrupt message, a lost
+   * link) and then destroyed did not leave; its failure is the cause */
   if (failed >= 0) {
     char wait[768];
     uint64_t S = waiting_str(w, 0, failed, wait, sizeof(wait));
@@ -927,5 +929,7 @@ static void evaluate(wsrv_t *w, double now) {
             wait[0] ? "; " : "", wait);
     return;
   }
+  if (check_ends(w, false) || check_deadlock(w, now))
+    return;
   check_timeout(w);
 }

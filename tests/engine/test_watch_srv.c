@@ -383,6 +383,32 @@ Test(watch_srv, a_rank_that_leaves_while_the_others_call_is_named_at_once) {
   wsrv_free(w);
 }
 
+/* Ranks that failed (a corrupt message) and then destroyed did not leave:
+ * the verdict is their failure, not a divergence. */
+Test(watch_srv, a_rank_that_failed_then_destroyed_is_a_failure_not_a_leaver) {
+  sink_t s;
+  wsrv_t *w = judge(4, &s);
+  beat_spec_t b[4];
+  for (int r = 0; r < 4; r++) {
+    b[r] = (beat_spec_t){.last = 6, .open = 1, .count = 4096, .wait_ms = 300, .waits_for = 2};
+    if (r >= 2)
+      b[r] = (beat_spec_t){.last = 5,
+                           .count = 4096,
+                           .waits_for = -1,
+                           .failed = CHORUS_ERR_CORRUPT,
+                           .destroying = true};
+    beat(w, r, b[r], 1.0);
+  }
+  wsrv_tick(w, 1.2);
+  answer_poll(w, 4, b, 1.3);
+  wsrv_tick(w, 1.4);
+  cr_assert_eq(s.verdicts, 1, "no verdict: %s", s.text);
+  cr_assert_eq(s.code, CHORUS_ERR_CORRUPT, "verdict %d: %s", s.code, s.text);
+  cr_assert(strstr(s.text, "rank 2 failed: local failure"), "%s", s.text);
+  cr_assert(!strstr(s.text, "diverged"), "%s", s.text);
+  wsrv_free(w);
+}
+
 Test(watch_srv, a_call_after_the_others_left_names_the_caller) {
   sink_t s;
   wsrv_t *w = judge(4, &s);
