@@ -23,6 +23,10 @@ usage: scripts/bench-torch.sh [options]
   --params N      DDP model parameters (default 1e7)
   --steps N       DDP steps per run (default 30; the first 5 left out of its median)
   --batch N       DDP samples per rank and step (default 8: communication matters)
+  --iters N       timed all_reduce calls per size, the same for chorus-perf and
+                  torch (default: chorus-perf's by size, 100 up to 1 MiB; small
+                  sizes want thousands for a steady figure on a shared machine)
+  --warmup N      untimed calls per size first, for both (default 5)
   --no-ddp        skip the DDP runs
   --build DIR     build directory with tools/chorus-run, tools/chorus-perf and the
                   torch/python package (default ./build)
@@ -41,6 +45,7 @@ die_usage() {
 
 cd "$(dirname "$0")/.."
 ranks=2 sizes=32K,2M,64M rounds=5 params=1e7 steps=30 batch=8 ddp=1 build=./build py="" out=""
+iters=0 warmup=5
 while [ $# -gt 0 ]; do
   case "$1" in
   -n) ranks=${2:?}; shift 2 ;;
@@ -49,6 +54,8 @@ while [ $# -gt 0 ]; do
   --params) params=${2:?}; shift 2 ;;
   --steps) steps=${2:?}; shift 2 ;;
   --batch) batch=${2:?}; shift 2 ;;
+  --iters) iters=${2:?}; shift 2 ;;
+  --warmup) warmup=${2:?}; shift 2 ;;
   --no-ddp) ddp=0; shift ;;
   --build) build=${2:?}; shift 2 ;;
   --python) py=${2:?}; shift 2 ;;
@@ -95,6 +102,8 @@ launch() {
 }
 
 IFS=, read -r -a size_list <<<"$sizes"
+perf_iters=()
+[ "$iters" -gt 0 ] && perf_iters=(-n "$iters")
 echo "# bench-torch: $ranks ranks, float32 SUM in place at $sizes, $rounds rounds," \
   "DDP ${params} parameters x ${steps} steps, batch $batch; raw output in $out"
 for ((i = 1; i <= rounds; i++)); do
@@ -102,12 +111,13 @@ for ((i = 1; i <= rounds; i++)); do
   for s in "${size_list[@]}"; do
     "$build/tools/chorus-run" -n "$ranks" --provider shm --no-tag -- \
       "$build/tools/chorus-perf" -c allreduce -b "$s" -e "$s" --inplace --json \
+      -w "$warmup" "${perf_iters[@]}" \
       >>"$out/perf.jsonl" 2>"$out/perf.err" ||
       { echo "bench-torch.sh: chorus-perf failed:" >&2; cat "$out/perf.err" >&2; exit 1; }
   done
   for backend in chorus gloo; do
     launch "$out/ar-$backend-$i.log" examples/torch/bench_allreduce.py --backend "$backend" \
-      --sizes "$sizes" --json || exit 1
+      --sizes "$sizes" --json --warmup "$warmup" --iters "$iters" || exit 1
     cat "$out/ar-$backend-$i.log" >>"$out/torch.jsonl"
   done
   if [ $ddp = 1 ]; then
