@@ -331,6 +331,7 @@ struct boot_server {
   bool *contributed;
   int ncontrib;
   bool *left; /* said Bye */
+  int lost;   /* a rank whose connection closed without Bye between rounds, or -1 */
   /* the watchdog (watch_srv.h), when configured */
   wsrv_t *ws;
   struct event *tick_ev;
@@ -829,6 +830,16 @@ static void on_contribution(struct srv_conn *c, Chorus__Boot__Contribution *m) {
       return;
     }
   }
+  if (srv->lost >= 0) {
+    /* e.g. a rank killed after its Hello, before the rounds that form the
+     * communicator: nobody waits for it until the connect timeout */
+    int l = srv->lost;
+    job_fail(srv, CHORUS__BOOT__ERROR_CODE__ERROR_PEER_LOST, &l, 1,
+             "bootstrap round %llu cannot complete: rank %d (%s) closed its rendezvous "
+             "connection without saying goodbye (did the process die?)",
+             (unsigned long long)srv->round, l, srv->hosts[l] ? srv->hosts[l] : "?");
+    return;
+  }
   /* Take the bytes over from the unpacked message: it is freed after us. */
   srv->contrib[r] = m->data;
   m->data.data = NULL;
@@ -1054,6 +1065,8 @@ static void on_conn_event(struct bufferevent *bev, short what, void *arg) {
   if (c->state == CONN_JOINED && srv->state == JOB_RUNNING && srv->ws && srv->ncontrib == 0) {
     /* the watchdog tells every rank, naming where they wait */
     c->state = CONN_CLOSING;
+    if (srv->lost < 0)
+      srv->lost = r; /* a later round can not complete: it fails at once */
     wsrv_lost(srv->ws, r, "its rendezvous connection closed without goodbye (did the process die?)",
               now_s());
     conn_free(c);
@@ -1538,6 +1551,7 @@ static int srv_new(const boot_config_t *cfg, struct boot_server **out, char *err
   srv->contrib = calloc(n, sizeof(*srv->contrib));
   srv->contributed = calloc(n, sizeof(*srv->contributed));
   srv->left = calloc(n, sizeof(*srv->left));
+  srv->lost = -1;
   if (!srv->token || !srv->by_rank || !srv->hosts || !srv->notes || !srv->contrib ||
       !srv->contributed || !srv->left)
     goto out_free_srv;

@@ -80,8 +80,9 @@ struct rank {
   char addr[64];
   const char *token;
   double timeout_s;
-  double delay_s; /* sleep before boot_open */
-  rank_fn after;  /* what to do once open (may be NULL); the rank closes after */
+  double delay_s;      /* sleep before boot_open */
+  double watch_tick_s; /* > 0: rank 0's server runs the watchdog's judge */
+  rank_fn after;       /* what to do once open (may be NULL); the rank closes after */
   int param;
   /* results */
   boot_t *boot;
@@ -102,7 +103,10 @@ static void *rank_main(void *arg) {
                        .size = r->size,
                        .rendezvous = r->addr,
                        .token = r->token ? r->token : "",
-                       .timeout_s = r->timeout_s};
+                       .timeout_s = r->timeout_s,
+                       .watch_tick_s = r->watch_tick_s,
+                       .watch_timeout_s = 30,
+                       .watch_peer_timeout_s = 30};
   double t0;
   int i;
 
@@ -782,6 +786,41 @@ Test(bootstrap, killed_process_is_named) {
     cr_assert_eq(rs[i].rc_open, 0, "%s", rs[i].err);
     cr_assert_eq(rs[i].rc, CHORUS_ERR_PEER_LOST, "rank %d: %d: %s", i, rs[i].rc, rs[i].msg);
     cr_assert(strstr(rs[i].msg, "rank 2"), "'%s'", rs[i].msg);
+  }
+}
+
+/* With the watchdog's judge in the server, a rank that dies between rounds
+ * (after its Hello, before the rounds that form a communicator) is handed
+ * to the judge; the next round must fail at once naming it, not after the
+ * round's timeout (issue 47: survivors waited CHORUS_CONNECT_TIMEOUT). */
+static void do_round_after_a_death(struct rank *r) {
+  double t0;
+
+  if (r->rank == 2) {
+    shutdown(boot_fd(r->boot), SHUT_RDWR);
+    return;
+  }
+  sleep_s(0.3); /* rank 2's connection is gone before the round */
+  t0 = now_s();
+  r->rc = boot_barrier(r->boot, 8.0, r->msg, sizeof(r->msg));
+  r->waited = now_s() - t0;
+}
+
+Test(bootstrap, a_death_between_rounds_fails_the_next_round_at_once) {
+  struct rank rs[3];
+
+  ranks_init(rs, 3, free_port(), 10.0);
+  for (int i = 0; i < 3; i++) {
+    rs[i].after = do_round_after_a_death;
+    rs[i].watch_tick_s = 0.2;
+  }
+  ranks_run(rs, 3);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(rs[i].rc_open, 0, "%s", rs[i].err);
+    cr_assert_eq(rs[i].rc, CHORUS_ERR_PEER_LOST, "rank %d: %d after %.1f s: %s", i, rs[i].rc,
+                 rs[i].waited, rs[i].msg);
+    cr_assert(strstr(rs[i].msg, "rank 2"), "'%s'", rs[i].msg);
+    cr_assert(rs[i].waited < 2.0, "rank %d waited %.1f s", i, rs[i].waited);
   }
 }
 
