@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -64,7 +63,7 @@ struct emu_conn {
 struct emu {
   enum emu_kind kind;
   int lfd, port, pipe[2];
-  pid_t pid; /* the process serving */
+  pthread_t thread;
   /* lies, on an otherwise good V1 store */
   bool huge_get;       /* GET answers a length of 2^60 */
   bool bad_wait;       /* WAIT answers 7 */
@@ -290,17 +289,12 @@ static void *emu_main(void *arg) {
   return NULL;
 }
 
-/* The emulated store runs in a process of its own over shared memory: a
- * thread of the test process would be there when mp_run forks the ranks,
- * and a rank forked while it held the (sanitizer's) allocator lock hangs. */
 static struct emu *emu_start(enum emu_kind kind) {
-  struct emu *e = mmap(NULL, sizeof(struct emu), PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  struct emu *e = calloc(1, sizeof(*e));
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t al = sizeof(a);
 
-  cr_assert(e != MAP_FAILED);
-  memset(e, 0, sizeof(*e));
+  cr_assert(e);
   e->kind = kind;
   for (int i = 0; i < EMU_CONNS; i++)
     e->c[i].fd = -1;
@@ -311,23 +305,17 @@ static struct emu *emu_start(enum emu_kind kind) {
   cr_assert_eq(getsockname(e->lfd, (struct sockaddr *)&a, &al), 0);
   e->port = ntohs(a.sin_port);
   cr_assert_eq(pipe(e->pipe), 0);
-  e->pid = fork();
-  cr_assert(e->pid >= 0);
-  if (e->pid == 0) {
-    close(e->pipe[1]);
-    emu_main(e);
-    _exit(0);
-  }
+  cr_assert_eq(pthread_create(&e->thread, NULL, emu_main, e), 0);
   return e;
 }
 
 static void emu_stop(struct emu *e) {
   (void)!write(e->pipe[1], "x", 1);
-  waitpid(e->pid, NULL, 0);
+  pthread_join(e->thread, NULL);
   close(e->lfd);
   close(e->pipe[0]);
   close(e->pipe[1]);
-  munmap(e, sizeof(*e));
+  free(e);
 }
 
 static void port_str(int port, char *out, size_t len) {
@@ -784,6 +772,10 @@ static int rank_fails(int rank, int size, const char *rv, void *arg) {
 static void expect_failure(const char *const *env, struct fe_fail *f) {
   mp_result_t r = mp_run(1, rank_fails, f, 60, env);
   cr_expect_eq(r.failed, 0, "the failure was not as expected (see above)");
+  /* Criterion's reporting thread allocates as it sends that result: a rank
+   * forked by the next mp_run while it holds the sanitizer allocator's lock
+   * hangs in its leak check (seen 1 run in 3 under ASan) */
+  usleep(100000);
 }
 
 Test(from_env, master_port_plus_one_held) {
