@@ -44,6 +44,7 @@
  */
 #include "bootstrap.h"
 #include "eng.h"
+#include "netio.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -1658,23 +1659,6 @@ struct boot {
   char watch_err[512];
 };
 
-/* Wait until fd is ready for `events` or the deadline. 0, -ETIMEDOUT or -errno. */
-static int wait_fd(int fd, short events, double deadline) {
-  for (;;) {
-    struct pollfd p = {.fd = fd, .events = events};
-    double left = deadline - now_s();
-    int n;
-
-    if (left <= 0)
-      return -ETIMEDOUT;
-    n = poll(&p, 1, left > 1e6 ? 1000000000 : (int)ceil(left * 1000.0));
-    if (n < 0 && errno != EINTR)
-      return -errno;
-    if (n > 0)
-      return 0; /* POLLERR/POLLHUP too: the next send/recv tells what */
-  }
-}
-
 static int send_all(int fd, const uint8_t *p, size_t len, double deadline) {
   while (len) {
     ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
@@ -1688,7 +1672,7 @@ static int send_all(int fd, const uint8_t *p, size_t len, double deadline) {
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      rc = wait_fd(fd, POLLOUT, deadline);
+      rc = netio_wait_fd(fd, POLLOUT, deadline);
       if (rc)
         return rc;
       continue;
@@ -1728,7 +1712,7 @@ static int recv_peek(int fd, uint8_t *p, size_t len, double deadline, struct fra
     if (errno == EINTR)
       continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      rc = wait_fd(fd, POLLIN, deadline);
+      rc = netio_wait_fd(fd, POLLIN, deadline);
       if (rc)
         return rc;
       continue;
@@ -1794,7 +1778,7 @@ static void describe_stranger(int fd, struct frame_peek *peek, char *out, size_t
   size_t i, text = 0;
   int o;
 
-  while (peek->n < sizeof(peek->b) && wait_fd(fd, POLLIN, until) == 0) {
+  while (peek->n < sizeof(peek->b) && netio_wait_fd(fd, POLLIN, until) == 0) {
     ssize_t k = recv(fd, peek->b + peek->n, sizeof(peek->b) - peek->n, MSG_DONTWAIT);
 
     if (k <= 0)
@@ -1915,47 +1899,6 @@ static int client_recv(boot_t *b, Chorus__Boot__Envelope__MsgCase want, const ch
   return 0;
 }
 
-/* One nonblocking connect, finished before the deadline. fd or -errno. */
-static int try_connect(const struct addrinfo *ai, double deadline) {
-  struct sockaddr_storage me, peer;
-  socklen_t ml = sizeof(me), pl = sizeof(peer), el = sizeof(int);
-  int fd, rc = 0, one = 1, soerr = 0;
-
-  fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return -errno;
-  if (connect(fd, ai->ai_addr, ai->ai_addrlen)) {
-    if (errno != EINPROGRESS) {
-      rc = -errno;
-      goto out_close;
-    }
-    rc = wait_fd(fd, POLLOUT, deadline);
-    if (rc)
-      goto out_close;
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &el) || soerr) {
-      rc = soerr ? -soerr : -errno;
-      goto out_close;
-    }
-  }
-  /* Connecting to a port nobody listens on, in the ephemeral range, can
-   * connect the socket to itself (TCP simultaneous open). */
-  if (getsockname(fd, (struct sockaddr *)&me, &ml) ||
-      getpeername(fd, (struct sockaddr *)&peer, &pl)) {
-    rc = -errno;
-    goto out_close;
-  }
-  if (ml == pl && !memcmp(&me, &peer, ml)) {
-    rc = -ECONNREFUSED;
-    goto out_close;
-  }
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
-
-out_close:
-  close(fd);
-  return rc;
-}
-
 static int client_connect(boot_t *b, int *fd_out, const char *host, const char *port, double start,
                           double deadline, char *err, size_t errlen) {
   struct addrinfo hints, *res, *ai;
@@ -1971,7 +1914,7 @@ static int client_connect(boot_t *b, int *fd_out, const char *host, const char *
     if (g == 0) {
       fd = -1;
       for (ai = res; ai && fd < 0; ai = ai->ai_next) {
-        fd = try_connect(ai, deadline);
+        fd = netio_try_connect(ai, deadline);
         if (fd < 0)
           last = -fd;
       }

@@ -29,6 +29,7 @@
  */
 #include "tcpstore.h"
 #include "eng.h"
+#include "netio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -72,22 +73,6 @@ static double now_s(void) {
 }
 
 /* Waits for events on fd until the deadline: 0, -ETIMEDOUT or -errno. */
-static int wait_fd(int fd, short events, double deadline) {
-  for (;;) {
-    struct pollfd p = {.fd = fd, .events = events};
-    double left = deadline - now_s();
-    int rc;
-
-    if (left <= 0)
-      return -ETIMEDOUT;
-    rc = poll(&p, 1, left * 1000 > INT_MAX - 1 ? INT_MAX : (int)(left * 1000) + 1);
-    if (rc > 0)
-      return 0;
-    if (rc < 0 && errno != EINTR)
-      return -errno;
-  }
-}
-
 static int send_all(int fd, const uint8_t *buf, size_t len, double deadline) {
   while (len) {
     ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
@@ -102,7 +87,7 @@ static int send_all(int fd, const uint8_t *buf, size_t len, double deadline) {
       continue;
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
       return -errno;
-    if ((rc = wait_fd(fd, POLLOUT, deadline)))
+    if ((rc = netio_wait_fd(fd, POLLOUT, deadline)))
       return rc;
   }
   return 0;
@@ -126,7 +111,7 @@ static int recv_exact(int fd, uint8_t *buf, size_t n, size_t *got, double deadli
       continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK)
       return -errno;
-    if ((rc = wait_fd(fd, POLLIN, deadline)))
+    if ((rc = netio_wait_fd(fd, POLLIN, deadline)))
       return rc;
   }
   return 0;
@@ -162,46 +147,6 @@ static uint64_t get_u64(const uint8_t *p) {
 
 /* ---- connecting and finding the protocol ---- */
 
-/* One nonblocking connect finished before the deadline: fd or -errno. */
-static int try_connect(const struct addrinfo *ai, double deadline) {
-  struct sockaddr_storage me, peer;
-  socklen_t ml = sizeof(me), pl = sizeof(peer), el = sizeof(int);
-  int fd, rc, one = 1, soerr = 0;
-
-  fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return -errno;
-  if (connect(fd, ai->ai_addr, ai->ai_addrlen)) {
-    if (errno != EINPROGRESS) {
-      rc = -errno;
-      goto out_close;
-    }
-    if ((rc = wait_fd(fd, POLLOUT, deadline)))
-      goto out_close;
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &el) || soerr) {
-      rc = soerr ? -soerr : -errno;
-      goto out_close;
-    }
-  }
-  /* A port nobody listens on, in the ephemeral range, can connect the
-   * socket to itself (TCP simultaneous open): that is a refusal. */
-  if (getsockname(fd, (struct sockaddr *)&me, &ml) ||
-      getpeername(fd, (struct sockaddr *)&peer, &pl)) {
-    rc = -errno;
-    goto out_close;
-  }
-  if (ml == pl && !memcmp(&me, &peer, ml)) {
-    rc = -ECONNREFUSED;
-    goto out_close;
-  }
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
-
-out_close:
-  close(fd);
-  return rc;
-}
-
 /* A connection to host:port: fd, or -ECONNREFUSED when every address
  * refused, -ENOENT when host does not resolve, else the last -errno. */
 static int store_connect(const char *host, const char *port, double deadline, char *err,
@@ -220,7 +165,7 @@ static int store_connect(const char *host, const char *port, double deadline, ch
     return -ENOENT;
   }
   for (ai = res; ai; ai = ai->ai_next) {
-    fd = try_connect(ai, deadline);
+    fd = netio_try_connect(ai, deadline);
     if (fd >= 0)
       break;
     last = -fd;
