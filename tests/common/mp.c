@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +44,52 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* True when a thread of this process other than the caller is running or
+ * runnable (not blocked in the kernel). */
+static bool other_thread_busy(void) {
+  DIR *d = opendir("/proc/self/task");
+  struct dirent *e;
+  long self = (long)syscall(SYS_gettid);
+  bool busy = false;
+
+  if (!d)
+    return false;
+  while (!busy && (e = readdir(d))) {
+    char path[300], buf[512], *close_paren;
+    long tid = strtol(e->d_name, NULL, 10);
+    if (tid <= 0 || tid == self)
+      continue;
+    snprintf(path, sizeof(path), "/proc/self/task/%ld/stat", tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+      continue;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    close_paren = strrchr(buf, ')');
+    busy = close_paren && close_paren[1] == ' ' && close_paren[2] == 'R';
+  }
+  closedir(d);
+  return busy;
+}
+
+/* In a sanitizer build a rank's leak check takes every allocator lock, and a
+ * lock that another thread (Criterion's reporter, a test's server thread) held
+ * at fork() stays held in the child for ever: the check hangs. So fork only
+ * once the other threads have stayed blocked in the kernel for a few
+ * milliseconds; a thread inside an allocation is running or runnable. */
+static void settle_threads(void) {
+  int calm = 0;
+
+  if (!__lsan_do_recoverable_leak_check)
+    return;
+  for (int i = 0; i < 5000 && calm < 3; i++) {
+    calm = other_thread_busy() ? 0 : calm + 1;
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const char *const *env) {
   mp_result_t res = {0};
   res.started = (long)time(NULL);
@@ -58,6 +105,7 @@ mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const c
   fflush(stdout);
   fflush(stderr);
   for (int r = 0; r < size; r++) {
+    settle_threads();
     pids[r] = fork();
     res.pids[r] = pids[r];
     if (pids[r] == 0) {

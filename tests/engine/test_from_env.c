@@ -674,24 +674,60 @@ Test(from_env, four_ranks_through_torch_store) {
 
 /* MASTER_PORT as a later dist.init_process_group would need it: bound by
  * this process, not listening (a connection is refused), and without
- * SO_REUSEADDR, so that any bind of it by Chorus fails. Returns the fd. */
-static int reserve_port(int *port) {
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t al = sizeof(a);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+ * SO_REUSEADDR, so that any bind of it by Chorus fails. Returns the fd.
+ *
+ * The port is below the kernel's ephemeral range, with MASTER_PORT+1 free
+ * too: ports the kernel hands to the suite's other tests running alongside
+ * (listeners on port 0, outgoing connections) never land on MASTER_PORT+1.
+ * With `next`, MASTER_PORT+1 is held too, listening (someone else's). */
+static int reserve_pair(int *port, int *next) {
+  int lo = 32768, hi = 60999;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
 
-  cr_assert(fd >= 0);
-  cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-  cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &al), 0);
-  *port = ntohs(a.sin_port);
-  return fd;
+  if (f) {
+    if (fscanf(f, "%d %d", &lo, &hi) != 2)
+      lo = 32768;
+    fclose(f);
+  }
+  cr_assert(lo > 2048, "ephemeral ports start at %d: no room below them", lo);
+  srand((unsigned)getpid() ^ (unsigned)time(NULL));
+  for (int tries = 0; tries < 500; tries++) {
+    int p = lo / 2 + rand() % (lo / 2 - 2), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)p),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), nfd;
+
+    cr_assert(fd >= 0);
+    if (bind(fd, (struct sockaddr *)&a, sizeof(a))) {
+      close(fd);
+      continue;
+    }
+    a.sin_port = htons((uint16_t)(p + 1));
+    nfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(nfd >= 0);
+    setsockopt(nfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(nfd, (struct sockaddr *)&a, sizeof(a)) || listen(nfd, 1)) {
+      close(nfd);
+      close(fd);
+      continue;
+    }
+    if (next)
+      *next = nfd;
+    else
+      close(nfd);
+    *port = p;
+    return fd;
+  }
+  cr_assert_fail("no free pair of ports below %d in 500 tries", lo);
+  return -1;
 }
 
 /* Nothing listens at MASTER_PORT (torchrun --standalone before
  * dist.init_process_group): the ranks meet on MASTER_PORT+1 and never bind
  * MASTER_PORT, which is free again after the job. */
 static void nothing_at_master_port(int nranks) {
-  int port, held = reserve_port(&port);
+  int port, held = reserve_pair(&port, NULL);
   char penv[32];
 
   snprintf(penv, sizeof(penv), "MASTER_PORT=%d", port);
@@ -712,17 +748,10 @@ Test(from_env, four_ranks_nothing_at_master_port) {
 }
 
 Test(from_env, rendezvous_port_overrides_master_port_plus_one) {
-  int port, own = mp_free_port(), master = reserve_port(&port);
+  int port, held, own = mp_free_port(), master = reserve_pair(&port, &held);
   char penv[32], oenv[48];
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_port = htons((uint16_t)(port + 1)),
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  int held = socket(AF_INET, SOCK_STREAM, 0), one = 1;
 
   /* MASTER_PORT+1 is someone else's: CHORUS_RENDEZVOUS_PORT goes elsewhere */
-  setsockopt(held, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(held, (struct sockaddr *)&a, sizeof(a)) || listen(held, 1))
-    cr_skip_test("port %d is taken", port + 1);
   snprintf(penv, sizeof(penv), "MASTER_PORT=%d", port);
   snprintf(oenv, sizeof(oenv), "CHORUS_RENDEZVOUS_PORT=%d", own);
   const char *env[] = {"MASTER_ADDR=127.0.0.1", penv, oenv, NULL};
@@ -772,23 +801,13 @@ static int rank_fails(int rank, int size, const char *rv, void *arg) {
 static void expect_failure(const char *const *env, struct fe_fail *f) {
   mp_result_t r = mp_run(1, rank_fails, f, 60, env);
   cr_expect_eq(r.failed, 0, "the failure was not as expected (see above)");
-  /* Criterion's reporting thread allocates as it sends that result: a rank
-   * forked by the next mp_run while it holds the sanitizer allocator's lock
-   * hangs in its leak check (seen 1 run in 3 under ASan) */
-  usleep(100000);
 }
 
 Test(from_env, master_port_plus_one_held) {
-  int port = mp_free_port();
+  int port, held, master = reserve_pair(&port, &held);
   char penv[32];
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_port = htons((uint16_t)(port + 1)),
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  int held = socket(AF_INET, SOCK_STREAM, 0), one = 1;
 
-  setsockopt(held, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(held, (struct sockaddr *)&a, sizeof(a)) || listen(held, 1))
-    cr_skip_test("port %d is taken", port + 1);
+  close(master); /* MASTER_PORT free, MASTER_PORT+1 held */
   snprintf(penv, sizeof(penv), "MASTER_PORT=%d", port);
   const char *env[] = {"MASTER_ADDR=127.0.0.1", penv, NULL};
   struct fe_fail f = {.rank = 0,
