@@ -6,10 +6,17 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+static atomic_uint self_connects;
+
+unsigned netio_self_connects(void) {
+  return atomic_load(&self_connects);
+}
 
 static double now_s(void) {
   struct timespec ts;
@@ -61,6 +68,13 @@ int netio_try_connect(const struct addrinfo *ai, double deadline) {
     goto out_close;
   }
   if (ml == pl && !memcmp(&me, &peer, ml)) {
+    /* Connected to itself: nothing listens at a port of the ephemeral
+     * range and the kernel picked that very port for us. A plain close
+     * would leave it in TIME_WAIT for a minute, and rank 0 could then not
+     * listen there (MASTER_PORT+1 under torchrun --standalone): reset it. */
+    struct linger now = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof(now));
+    atomic_fetch_add(&self_connects, 1);
     rc = -ECONNREFUSED;
     goto out_close;
   }

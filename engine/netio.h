@@ -14,7 +14,9 @@ int netio_wait_fd(int fd, short events, double deadline);
 /* One nonblocking connect to ai, finished before the deadline, TCP_NODELAY
  * set: the fd (nonblocking, close-on-exec), or -errno; a socket connected
  * to itself (TCP simultaneous open on an ephemeral port nobody listens on)
- * is -ECONNREFUSED. */
+ * is -ECONNREFUSED, and reset: its port is free again at once. */
 int netio_try_connect(const struct addrinfo *ai, double deadline);
+/* How many connects so far found themselves connected to themselves. */
+unsigned netio_self_connects(void);
 
 #endif

@@ -29,6 +29,7 @@
 
 #include "chorus.h"
 #include "mp.h"
+#include "netio.h"
 #include "tcpstore.h"
 
 static double now_s(void) {
@@ -861,4 +862,63 @@ Test(from_env, bad_launcher_values) {
   const char *env2[] = {"MASTER_ADDR=127.0.0.1", penv, "TORCHELASTIC_RESTART_COUNT=x", NULL};
   f.words[0] = "TORCHELASTIC_RESTART_COUNT";
   expect_failure(env2, &f);
+}
+
+/* torchrun --standalone picks MASTER_PORT with bind(0): an odd port of the
+ * ephemeral range, and the kernel gives even ones to connect(). A rank that
+ * connects to MASTER_PORT+1 before rank 0 listens there may be handed that
+ * very port and connect to itself; closed as usual, the socket would sit in
+ * TIME_WAIT for a minute and rank 0 could not listen (seen in the suite:
+ * "MASTER_PORT+1 ... another process holds it"). netio resets it instead. */
+Test(netio, a_connection_to_itself_leaves_the_port_free) {
+  int lo = 32768, hi = 60999, port = -1, one = 1, zero = 0;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+
+  if (f) {
+    if (fscanf(f, "%d %d", &lo, &hi) != 2)
+      lo = 32768, hi = 60999;
+    fclose(f);
+  }
+  srand((unsigned)getpid() ^ (unsigned)time(NULL));
+  for (int tries = 0; tries < 100 && port < 0; tries++) {
+    int p = (lo + rand() % (hi - lo)) & ~1; /* even: connect()'s kind */
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)p),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
+      port = p;
+    close(fd);
+  }
+  cr_assert_geq(port, 0, "no free port in the ephemeral range");
+
+  char ps[16];
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
+  snprintf(ps, sizeof(ps), "%d", port);
+  cr_assert_eq(getaddrinfo("127.0.0.1", ps, &hints, &ai), 0);
+  unsigned before = netio_self_connects();
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  long n = 0;
+  for (; netio_self_connects() == before && n < 200000; n++) {
+    int rc = netio_try_connect(ai, 1e18);
+    cr_assert_eq(rc, -ECONNREFUSED, "connect %ld to 127.0.0.1:%d: %d", n, port, rc);
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  freeaddrinfo(ai);
+  cr_assert_gt(netio_self_connects(), before,
+               "no connect to 127.0.0.1:%d came back to itself in %ld tries", port, n);
+  cr_log_info("connected to itself after %ld tries (%.2f s)", n,
+              (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+
+  /* what rank 0 does next (launch.c's own_listen) */
+  struct sockaddr_in6 b = {
+      .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port), .sin6_addr = in6addr_any};
+  int s = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_geq(s, 0);
+  setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  cr_assert_eq(bind(s, (struct sockaddr *)&b, sizeof(b)), 0, "bind [::]:%d: %s", port,
+               strerror(errno));
+  close(s);
 }
