@@ -328,9 +328,21 @@ static void request_exec_done(exec_t *ex, int status, void *arg) {
  * abort, which a round already under way when the failure came would
  * otherwise apply only in the next round. */
 static void apply_abort(chorus_comm_t *c) {
-  if (atomic_load_explicit(&c->abort_pending, memory_order_acquire) &&
-      atomic_exchange(&c->abort_pending, 0))
-    exec_fail_all(&c->ex, atomic_load(&c->async_rc));
+  if (!atomic_load_explicit(&c->abort_pending, memory_order_acquire) ||
+      !atomic_exchange(&c->abort_pending, 0))
+    return;
+  exec_fail_all(&c->ex, atomic_load(&c->async_rc));
+  /* Peers the verdict named lost will not take or finish what is in flight
+   * with them (a link down leaves a half-sent message the transport can not
+   * cancel): drop them, so that the callers get the failure now. */
+  const prov_ops_t *ops = c->prov ? c->prov->ops : NULL;
+  if (!ops || !ops->drop_peer)
+    return;
+  pthread_mutex_lock(&c->lock);
+  for (int p = 0; c->lost && p < c->size; p++)
+    if (c->lost[p] && p != c->rank)
+      ops->drop_peer(c->prov, p);
+  pthread_mutex_unlock(&c->lock);
 }
 
 /* Start the runs of queued requests. */

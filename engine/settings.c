@@ -187,7 +187,8 @@ static const struct setting settings_table[] = {
      "whose mask lacks that CPU, is left alone. Left to itself the kernel sometimes keeps two "
      "ranks on one core after creation, each wait then costing the peer's turn.",
      FIELD(spread_cores), 0, 1},
-    {"CHORUS_LOG", SET_LOG, "warn", "log level: error, warn, info, debug (or 0-3)\n"
+    {"CHORUS_LOG", SET_LOG, "warn",
+     "log level: error, warn, info, debug (or 0-3)\n"
      "Lines go to stderr as \"chorus[RANK] SUBSYSTEM: message\".",
      FIELD(log_level), 0, 3},
     {"CHORUS_JOURNAL", SET_BOOL, "1",
@@ -243,7 +244,11 @@ static const struct setting settings_table[] = {
      FIELD(timeout_s), 0.1, 30 * 86400.0},
     {"CHORUS_PEER_TIMEOUT", SET_SECONDS, "30",
      "seconds without a heartbeat from a rank (frozen, unreachable) before every rank fails "
-     "with CHORUS_ERR_PEER_LOST; a rank whose process ends is reported at once",
+     "with CHORUS_ERR_PEER_LOST; a rank whose process ends is reported at once\n"
+     "A host cut off from the network (its link down) is judged the same way from both "
+     "sides: rank 0 names every silent rank lost, and the ranks that can no longer reach "
+     "rank 0 (their heartbeats unacknowledged for this long) name every rank of rank 0's "
+     "host lost. Either way the calls in flight with the lost ranks end at once.",
      FIELD(peer_timeout_s), 0.1, 30 * 86400.0},
     {"CHORUS_WATCHDOG_MS", SET_INT, "1000",
      "milliseconds between heartbeats (checkpoint summaries) to rank 0's watchdog\n"

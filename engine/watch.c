@@ -8,6 +8,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -336,7 +338,11 @@ static void on_message(watch_t *w, Chorus__Boot__Envelope *env) {
   }
 }
 
-static void server_gone(watch_t *w, const char *why) {
+/* The connection to rank 0's judge ended: closed (rank 0's process died),
+ * or, unreachable set, its kernel stopped acknowledging for the peer
+ * timeout: rank 0's host is gone from the network, and every rank on it
+ * is lost to this one. */
+static void server_gone(watch_t *w, const char *why, bool unreachable) {
   chorus_comm_t *c = w->c;
   close(w->fd);
   w->fd = -1;
@@ -346,13 +352,57 @@ static void server_gone(watch_t *w, const char *why) {
     eng_log(ENG_DEBUG, 0, "watchdog", "its own server closed the connection (%s)", why);
     return;
   }
-  char text[512];
-  uint32_t zero = 0;
-  snprintf(text, sizeof(text),
-           "rank 0 is lost: its watchdog connection %s (rank 0's process died, or its host is "
-           "unreachable)",
-           why);
-  apply(w, CHORUS_ERR_PEER_LOST, 0, text, &zero, 1);
+  char text[1024];
+  uint32_t *lost = calloc((size_t)c->size, sizeof(*lost)), zero = 0;
+  size_t nlost = 0;
+  const topo_t *t = c->topo;
+  if (unreachable && lost && t && t->nhosts > 1)
+    for (int r = 0; r < c->size; r++)
+      if (t->host_of[r] == t->host_of[0] && r != c->rank)
+        lost[nlost++] = (uint32_t)r;
+  if (nlost > 1) {
+    char names[128];
+    size_t n = 0;
+    for (size_t i = 0; i < nlost && n < sizeof(names); i++)
+      n += (size_t)snprintf(names + n, sizeof(names) - n, "%s%u", i ? "," : "", lost[i]);
+    const char *id = boot_host_of(c->boot, 0);
+    char host[96];
+    snprintf(host, sizeof(host), "%s", id ? id : "?");
+    host[strcspn(host, "/")] = '\0'; /* "name/boot id" */
+    snprintf(text, sizeof(text),
+             "ranks %s (host %s) are lost: the watchdog connection to rank 0 %s: their host is "
+             "unreachable",
+             names, host, why);
+    apply(w, CHORUS_ERR_PEER_LOST, 0, text, lost, nlost);
+  } else {
+    snprintf(text, sizeof(text),
+             "rank 0 is lost: its watchdog connection %s (rank 0's process died, or its host is "
+             "unreachable)",
+             why);
+    apply(w, CHORUS_ERR_PEER_LOST, 0, text, &zero, 1);
+  }
+  free(lost);
+}
+
+/* A failed write or read on the judge's connection: the connection is
+ * gone. The kernel ended it (TCP_USER_TIMEOUT: TCP_CLOSE with ETIMEDOUT)
+ * when rank 0's host stopped acknowledging: unreachable. A send or receive
+ * that only ran out of its own deadline leaves the connection established. */
+static void conn_failed(watch_t *w, int rc, const char *what) {
+  struct tcp_info ti;
+  socklen_t tl = sizeof(ti);
+  bool unreachable = rc == -ETIMEDOUT && !getsockopt(w->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) &&
+                     ti.tcpi_state == TCP_CLOSE;
+  char why[128];
+  if (unreachable)
+    snprintf(why, sizeof(why), "went unanswered for %.0f s (CHORUS_PEER_TIMEOUT)",
+             w->c->set.peer_timeout_s);
+  else if (rc == -EPIPE && !strcmp(what, "read"))
+    snprintf(why, sizeof(why), "closed");
+  else
+    snprintf(why, sizeof(why), "could not be %s: %s", strcmp(what, "read") ? "written to" : "read",
+             strerror(-rc));
+  server_gone(w, why, unreachable);
 }
 
 static void *watch_main(void *arg) {
@@ -364,8 +414,9 @@ static void *watch_main(void *arg) {
   for (;;) {
     uint64_t now = fsm_now_ns();
     if (now >= next) {
-      if (w->fd >= 0 && send_beat(w, false) < 0)
-        server_gone(w, "could not be written to");
+      int src;
+      if (w->fd >= 0 && (src = send_beat(w, false)) < 0)
+        conn_failed(w, src, "written");
       decide_alone(w);
       next = now + period;
     }
@@ -382,11 +433,12 @@ static void *watch_main(void *arg) {
         break;
       int req = atomic_exchange(&w->req, 0);
       /* before a stop: a leaving rank's last beat says it is leaving */
-      if ((req & REQ_BEAT) && w->fd >= 0 && send_beat(w, false) < 0)
-        server_gone(w, "could not be written to");
+      int src;
+      if ((req & REQ_BEAT) && w->fd >= 0 && (src = send_beat(w, false)) < 0)
+        conn_failed(w, src, "written");
       if (req & REQ_FAIL) {
-        if (w->fd >= 0 && send_beat(w, false) < 0)
-          server_gone(w, "could not be written to");
+        if (w->fd >= 0 && (src = send_beat(w, false)) < 0)
+          conn_failed(w, src, "written");
         dump_local_failure(w);
       }
       if (req & REQ_STOP) {
@@ -410,7 +462,7 @@ static void *watch_main(void *arg) {
       Chorus__Boot__Envelope *env = NULL;
       int rc = boot_recv_envelope(w->fd, 2.0, &env);
       if (rc) {
-        server_gone(w, rc == -EPIPE ? "closed" : strerror(-rc));
+        conn_failed(w, rc, "read");
         continue;
       }
       on_message(w, env);
@@ -444,6 +496,12 @@ chorus_result watch_start(chorus_comm_t *c) {
   }
   w->fd = fd;
   c->clock_offset_ns = off;
+  /* A link that goes down leaves this connection open and silent: the kernel fails it once a
+   * beat has gone unacknowledged for the peer timeout, and the rank names rank 0 lost instead of
+   * waiting for CHORUS_TIMEOUT (a rank 0 that is only slow still has its kernel acknowledge). */
+  unsigned int uto_ms = (unsigned int)(c->set.peer_timeout_s * 1000.0);
+  if (setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto_ms, sizeof(uto_ms)))
+    eng_log(ENG_DEBUG, c->rank, "watchdog", "TCP_USER_TIMEOUT: %s", strerror(errno));
   /* The first heartbeat goes before chorus_comm_init returns: the judge counts a rank's
    * silence from its first beat, and a rank frozen right after init, before this thread
    * ran, was never declared lost (test_recover's frozen rank over shm, seen once). */

@@ -309,9 +309,12 @@ static uint64_t waiting_str(const wsrv_t *w, uint64_t S, int except, char *buf, 
   return S;
 }
 
-/* Rule 1: lost ranks. */
+/* Rule 1: lost ranks. Every silent rank is marked before the verdict, so
+ * that a host gone at once (its link down) is named whole, and the poll
+ * below does not wait for ranks that can not answer. */
 static bool check_lost(wsrv_t *w, double now) {
   char wait[768];
+  int first = -1, nlost = 0;
   for (int i = 0; i < w->cfg.size; i++) {
     wrank_t *r = &w->r[i];
     /* silence counts from the first heartbeat (creating a communicator
@@ -324,28 +327,51 @@ static bool check_lost(wsrv_t *w, double now) {
     }
     if (!r->lost || r->bye)
       continue;
-    if (!w->polled) {
-      /* fresh beats first: where the others wait, for the verdict's text */
-      poll_all(w, now);
-      return true;
-    }
-    if (w->polling)
-      return true;
-    uint64_t S = waiting_str(w, 0, i, wait, sizeof(wait));
     if (r->destroying) {
+      waiting_str(w, 0, i, wait, sizeof(wait));
       if (!wait[0])
         continue; /* it left as the others will: nobody waits for it */
-      verdict(w, CHORUS_ERR_DIVERGED, i, S,
-              "rank %d destroyed the communicator after #%llu and left while %s: rank %d "
-              "diverged (it made fewer calls)",
-              i, (unsigned long long)r->last_begun, wait, i);
-    } else {
-      verdict(w, CHORUS_ERR_PEER_LOST, i, S, "rank %d is lost: %s%s%s", i, r->lost_why,
-              wait[0] ? "; " : "", wait);
     }
+    if (first < 0)
+      first = i;
+    nlost++;
+  }
+  if (first < 0)
+    return false;
+  if (!w->polled) {
+    /* fresh beats first: where the others wait, for the verdict's text */
+    poll_all(w, now);
     return true;
   }
-  return false;
+  if (w->polling)
+    return true;
+  wrank_t *r = &w->r[first];
+  uint64_t S = waiting_str(w, 0, first, wait, sizeof(wait));
+  if (r->destroying) {
+    verdict(w, CHORUS_ERR_DIVERGED, first, S,
+            "rank %d destroyed the communicator after #%llu and left while %s: rank %d "
+            "diverged (it made fewer calls)",
+            first, (unsigned long long)r->last_begun, wait, first);
+  } else if (nlost == 1) {
+    verdict(w, CHORUS_ERR_PEER_LOST, first, S, "rank %d is lost: %s%s%s", first, r->lost_why,
+            wait[0] ? "; " : "", wait);
+  } else {
+    /* "ranks 2,3 are lost: rank 2: why; rank 3: why" */
+    char names[256] = "", whys[768] = "";
+    size_t nn = 0, nw = 0;
+    for (int i = 0; i < w->cfg.size; i++) {
+      if (!w->r[i].lost || w->r[i].bye || w->r[i].destroying)
+        continue;
+      if (nn < sizeof(names))
+        nn += (size_t)snprintf(names + nn, sizeof(names) - nn, "%s%d", nn ? "," : "", i);
+      if (nw < sizeof(whys))
+        nw += (size_t)snprintf(whys + nw, sizeof(whys) - nw, "%srank %d: %s", nw ? "; " : "", i,
+                               w->r[i].lost_why);
+    }
+    verdict(w, CHORUS_ERR_PEER_LOST, first, S, "ranks %s are lost: %s%s%s", names, whys,
+            wait[0] ? "; " : "", wait);
+  }
+  return true;
 }
 
 static const char *field_diff(const wcall_t *a, const wcall_t *b, char *buf, size_t len) {

@@ -226,6 +226,11 @@ typedef struct prov_ops {
    * or ends with none in flight. Returns completions delivered or <0.
    * NULL: progress does it. */
   int (*flush)(prov_t *p);
+  /* The peer is lost (a verdict said so): everything posted with it
+   * completes now with -ECANCELED, including a message half on the wire,
+   * and nothing it sends later lands; posts to it fail from here on.
+   * NULL: the transport's cancel already ends every operation. */
+  int (*drop_peer)(prov_t *p, int peer);
 } prov_ops_t;
 
 struct prov {

@@ -1009,6 +1009,11 @@ static int fault_settle(prov_t *p, double timeout_s) {
   return c->ops->settle ? c->ops->settle(c, timeout_s) : 0;
 }
 
+static int fault_drop_peer(prov_t *p, int peer) {
+  prov_t *c = enter(to_fault(p));
+  return c->ops->drop_peer ? c->ops->drop_peer(c, peer) : 0;
+}
+
 /* The same table twice but for release(): see fault_ops_no_release's use. */
 #define FAULT_OPS(release_fn)                                                                      \
   {                                                                                                \
@@ -1017,6 +1022,7 @@ static int fault_settle(prov_t *p, double timeout_s) {
     .cancel = fault_cancel, .progress = fault_progress, .wait_fd = fault_wait_fd,                  \
     .arm = fault_arm, .disarm = fault_disarm, .max_posted = fault_max_posted,                      \
     .close = fault_close, .release = release_fn, .reap = fault_reap, .settle = fault_settle,       \
+    .drop_peer = fault_drop_peer,                                                                  \
   }
 
 const prov_ops_t prov_fault_ops = FAULT_OPS(fault_release);

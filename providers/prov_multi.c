@@ -448,6 +448,16 @@ static int multi_cancel(prov_t *p, prov_op_t *op) {
   return c->ops->cancel(c, op);
 }
 
+static int multi_drop_peer(prov_t *p, int peer) {
+  struct multi_ep *m = to_multi(p);
+
+  if (!m->peers_added || peer < 0 || peer >= m->nranks)
+    return -EINVAL;
+  int i = m->via[peer];
+  prov_t *c = multi_enter(m, i);
+  return c->ops->drop_peer ? c->ops->drop_peer(c, m->index[peer]) : 0;
+}
+
 static int multi_reap(prov_t *p) {
   struct multi_ep *m = to_multi(p);
   int n = 0;
@@ -597,4 +607,5 @@ const prov_ops_t prov_multi_ops = {
     .release = multi_release,
     .reap = multi_reap,
     .settle = multi_settle,
+    .drop_peer = multi_drop_peer,
 };

@@ -1805,6 +1805,15 @@ static int sock_cancel(prov_t *p, prov_op_t *op) {
   return 0;
 }
 
+static int sock_drop_peer(prov_t *p, int peer) {
+  struct sock_ep *e = to_sock(p);
+
+  if (peer < 0 || peer >= e->nranks || peer == e->rank)
+    return -EINVAL;
+  conn_fail(e, &e->conns[peer], ECONNABORTED, true);
+  return 0;
+}
+
 /* Delivers the queued completions (only those queued on entry). */
 static int cq_deliver(struct sock_ep *e) {
   struct sock_req *r = e->cq, *next;
@@ -1985,6 +1994,7 @@ const prov_ops_t prov_sock_ops = {
     .post_send = sock_post_send,
     .post_recv = sock_post_recv,
     .cancel = sock_cancel,
+    .drop_peer = sock_drop_peer,
     .progress = sock_progress,
     .wait_fd = sock_wait_fd,
     .arm = sock_arm,

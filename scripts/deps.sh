@@ -7,6 +7,7 @@ PKGS=(build-essential cmake pkg-config clang
       libevent-dev libfabric-dev libfabric-bin
       protobuf-c-compiler libprotobuf-c-dev libcriterion-dev
       openmpi-bin libopenmpi-dev procps
+      iproute2 # multi-host tests in network namespaces (test_hosts)
       chromium # headless page check of chorus-trace (ctest -L browser)
       python3-torch libtorch-dev python3-dev pybind11-dev python3-pytest) # the PyTorch backend (torch/, ctest -L torch)
 
