@@ -702,6 +702,10 @@ static void rank_exited(job_t *job, int i, int status) {
   }
   if (job->exit_code < 0)
     job->exit_code = code;
+  /* the survivors of a Chorus job fail too, each naming what happened:
+   * their failures do not cut the linger short */
+  if (job->phase == PHASE_LINGER)
+    return;
   if (job->phase == PHASE_RUNNING && job->running > 0 && job->linger_s > 0) {
     say("the other ranks get %g s to end on their own", job->linger_s);
     job->phase = PHASE_LINGER;

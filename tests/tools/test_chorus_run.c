@@ -566,6 +566,19 @@ Test(chorus_run, linger_lets_the_others_end_on_their_own) {
   cr_assert_lt(p.elapsed, 4.0, "the job took %.1f s", p.elapsed);
   proc_free(&p);
 
+  /* the survivors of a Chorus job fail too, each naming the loss: a second
+   * failure does not cut the linger short for the third rank */
+  RUN(&p, "-n", "3", "--linger", "5", "--", "/bin/sh", "-c",
+      "if [ $RANK = 1 ]; then exit 3; fi; if [ $RANK = 0 ]; then sleep 0.3; else sleep 1.5; fi; "
+      "echo \"rank $RANK reports the loss\"; exit 4");
+  cr_assert_eq(exit_code(&p), 3, "status %#x: %s", p.status, p.out[1].data);
+  cr_assert(strstr(p.out[0].data, "[0] rank 0 reports the loss"), "%s", p.out[0].data);
+  cr_assert(strstr(p.out[0].data, "[2] rank 2 reports the loss"), "%s", p.out[0].data);
+  cr_assert(strstr(p.out[1].data, "rank 0 exited with status 4"), "%s", p.out[1].data);
+  cr_assert(!strstr(p.out[1].data, "stopping the other ranks"), "%s", p.out[1].data);
+  cr_assert_lt(p.elapsed, 4.0, "the job took %.1f s", p.elapsed);
+  proc_free(&p);
+
   /* past the linger time they are stopped */
   RUN(&p, "-n", "2", "--linger", "0.5", "--", "/bin/sh", "-c",
       "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 60");
