@@ -292,7 +292,10 @@ static void request_exec_done(exec_t *ex, int status, void *arg) {
   const char *why = exec_why(ex);
 
   bool uncertain = status == CHORUS_ERR_MISMATCH && exec_uncertain(ex);
-  if ((status == CHORUS_ERR_TRANSPORT || uncertain) && c->watch) {
+  /* a split child has no watchdog of its own: its family's head passes the
+   * verdicts that concern it on (watch.c, "Families") */
+  bool judged = c->watch || (c->family && c->world_of);
+  if ((status == CHORUS_ERR_TRANSPORT || uncertain) && judged) {
     chorus_result verdict = (chorus_result)atomic_load(&c->async_rc);
     if (verdict) {
       /* the communicator failed already: its verdict explains this too (a
@@ -843,6 +846,7 @@ chorus_comm_t *comm_alloc(int rank, int size) {
 }
 
 void comm_free(chorus_comm_t *c) {
+  watch_family_remove(c);
   watch_stop(c->watch);
   c->watch = NULL;
   progress_stop(c);
@@ -864,6 +868,7 @@ void comm_free(chorus_comm_t *c) {
   ckpt_fini(&c->ckpt);
   fault_plan_free(c->faults);
   free(c->lost);
+  free(c->world_of);
   free(c);
 }
 

@@ -170,6 +170,14 @@ struct chorus_comm {
   uint64_t yield_after_ns;      /* a driver idle this long starts yielding (COMM_YIELD_AFTER_NS) */
   uint64_t yield_crowded_until; /* till then (fsm_now_ns) a driver yields at once */
   int home_cpu;                 /* this rank's own CPU (COMM_HOME_EVERY_NS), -1 for none */
+  /* Families (watch.c): a communicator with a watchdog heads one (family: a
+   * key unique in the process, sub_id 0); chorus_comm_split's children join
+   * their parent's (sub_id: the same on every member; world_of[r]: the
+   * head's rank of rank r here), so that the head's watchdog sees where
+   * they wait and passes its verdicts on to them. 0: in no family. */
+  uint64_t family, sub_id;
+  int *world_of;
+  atomic_uint nsplits;          /* splits made of this one: part of each child's sub_id */
   _Atomic uint64_t home_after;  /* no look at the CPU before then (fsm_now_ns; comm_home_due) */
   _Atomic uint64_t home_looks;  /* looks at the CPU a caller runs on (tests) */
   _Atomic uint64_t home_moves;  /* moves made (tests) */
@@ -210,9 +218,9 @@ eng_local_job_t *eng_local_job_create_shared(int nranks);
 typedef struct comm_init {
   const char *who; /* the API call, for messages */
   int rank, size;
-  const char *rendezvous;   /* "host:port" */
-  const char *token;        /* NULL: CHORUS_JOB_TOKEN */
-  bool has_listen_fd;       /* rank 0 serves on listen_fd (comm_init_with owns it) */
+  const char *rendezvous; /* "host:port" */
+  const char *token;      /* NULL: CHORUS_JOB_TOKEN */
+  bool has_listen_fd;     /* rank 0 serves on listen_fd (comm_init_with owns it) */
   int listen_fd;
   double timeout_s;         /* > 0: overrides CHORUS_TIMEOUT */
   double connect_timeout_s; /* > 0: overrides CHORUS_CONNECT_TIMEOUT */

@@ -32,6 +32,7 @@
 #include "fsm.h"
 #include "eng.h"
 #include "topo.h"
+#include "watch.h"
 
 /* ---- allgather over the communicator's own transport ----
  *
@@ -322,6 +323,16 @@ static chorus_result split_exchange(chorus_comm_t *p, chorus_comm_t *c, const in
   return ret;
 }
 
+/* A child's sub_id from its parent's, the parent's split count and the
+ * color: the same on every member, distinct between groups (splitmix64). */
+static uint64_t sub_id_of(uint64_t parent, unsigned split_no, int color) {
+  uint64_t z = parent * 0x9e3779b97f4a7c15ull + ((uint64_t)split_no << 32) + (uint32_t)color + 1;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return z ? z : 1;
+}
+
 CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int key,
                                            chorus_comm_t **newcomm) {
   split_entry_t *tab = NULL;
@@ -340,6 +351,7 @@ CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int k
                       "comm_split: color %d is negative (CHORUS_SPLIT_NONE, -1, joins no group)",
                       color);
 
+  unsigned split_no = atomic_fetch_add(&comm->nsplits, 1); /* the same count on every rank */
   if ((ret = split_gather_colors(comm, color, key, &tab)))
     return ret;
   if (color != CHORUS_SPLIT_NONE) {
@@ -354,8 +366,14 @@ CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int k
       memcpy(c->sock_listen, comm->sock_listen, sizeof(c->sock_listen));
       c->set.faults[0] = '\0'; /* faults target the world's call numbers */
       c->topo = topo_sub(comm->topo, members, n);
+      if (comm->family && (c->world_of = malloc((size_t)n * sizeof(int)))) {
+        c->family = comm->family;
+        c->sub_id = sub_id_of(comm->sub_id, split_no, color);
+        for (int i = 0; i < n; i++)
+          c->world_of[i] = comm->world_of ? comm->world_of[members[i]] : members[i];
+      }
     }
-    if (!c || !c->topo)
+    if (!c || !c->topo || (comm->family && !c->world_of))
       ret = comm_error(comm, CHORUS_ERR_NO_MEMORY, "comm_split: out of memory");
   }
   /* From here every parent rank goes through the same rounds whatever
@@ -373,6 +391,8 @@ CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int k
     c->home_cpu = comm->home_cpu; /* the process's core, whatever group it joins */
     if ((ret = comm_start(c)) || (ret = comm_register(c)))
       comm_error(comm, ret, "comm_split: %s", c->last_error);
+    else
+      watch_family_add(c);
   } else if (ret && c && c->last_error[0] && strcmp(c->last_error, "no error") != 0) {
     comm_error(comm, ret, "comm_split: %s", c->last_error);
   }

@@ -126,6 +126,140 @@ static void registry_add(watch_t *w) {
   pthread_mutex_unlock(&g_lock);
 }
 
+/* ---- Families ----
+ * The split children of a communicator with a watchdog (comm.h, "Families")
+ * have none of their own: the rendezvous listener is closed once the job
+ * formed. They are listed here; the head's beats carry where each waits
+ * (Beat.subs, in the head's rank numbers), so that the judge's wait-for
+ * graph spans them, and the head's verdicts fail the children they concern. */
+#define FAMILY_MAX 256 /* children followed in a process */
+#define BEAT_SUBS 8    /* children reported per beat */
+
+static pthread_mutex_t g_fam_lock = PTHREAD_MUTEX_INITIALIZER;
+static chorus_comm_t *g_fam[FAMILY_MAX];
+static atomic_ullong g_family_next = 1;
+
+void watch_family_add(chorus_comm_t *c) {
+  if (!c || !c->family || !c->world_of)
+    return;
+  pthread_mutex_lock(&g_fam_lock);
+  int i = 0;
+  while (i < FAMILY_MAX && g_fam[i])
+    i++;
+  if (i < FAMILY_MAX)
+    g_fam[i] = c;
+  pthread_mutex_unlock(&g_fam_lock);
+  if (i == FAMILY_MAX)
+    eng_log(ENG_WARN, c->rank, "watchdog",
+            "more than %d split communicators in this process: hangs in this one are not "
+            "judged",
+            FAMILY_MAX);
+}
+
+void watch_family_remove(chorus_comm_t *c) {
+  if (!c || !c->world_of)
+    return;
+  pthread_mutex_lock(&g_fam_lock);
+  for (int i = 0; i < FAMILY_MAX; i++)
+    if (g_fam[i] == c)
+      g_fam[i] = NULL;
+  pthread_mutex_unlock(&g_fam_lock);
+}
+
+typedef struct beat_subs {
+  size_t n;
+  Chorus__Boot__SubState s[BEAT_SUBS], *p[BEAT_SUBS];
+  char call[BEAT_SUBS][96];
+} beat_subs_t;
+
+/* The head's children in this process, for its beat; subs_free after. */
+static void subs_collect(const chorus_comm_t *c, beat_subs_t *bs) {
+  bs->n = 0;
+  if (!c->family || c->world_of)
+    return;
+  pthread_mutex_lock(&g_fam_lock);
+  for (int i = 0; i < FAMILY_MAX && bs->n < BEAT_SUBS; i++) {
+    chorus_comm_t *s = g_fam[i];
+    if (!s || s->family != c->family)
+      continue;
+    uint32_t *m = malloc((size_t)s->size * sizeof(*m));
+    if (!m)
+      continue;
+    Chorus__Boot__SubState *o = &bs->s[bs->n];
+    chorus__boot__sub_state__init(o);
+    for (int r = 0; r < s->size; r++)
+      m[r] = (uint32_t)s->world_of[r];
+    o->id = s->sub_id;
+    o->n_members = (size_t)s->size;
+    o->members = m;
+    pthread_mutex_lock(&s->ckpt.lock);
+    o->last_begun = s->ckpt.last_begun;
+    pthread_mutex_unlock(&s->ckpt.lock);
+    o->blocked_peer = -1;
+    bs->call[bs->n][0] = '\0';
+    uint64_t what, since, now = fsm_now_ns();
+    if (ckpt_blocked(&s->ckpt, &what, &since)) {
+      o->blocked_ms = now > since ? (now - since) / 1000000 : 0;
+      o->blocked_ms += !o->blocked_ms;
+      if (what & CKPT_BLOCK_P2P) {
+        int p = CKPT_BLOCK_PEER(what);
+        o->blocked_peer = p >= 0 && p < s->size ? s->world_of[p] : -1;
+        o->blocked_recv = (what & CKPT_BLOCK_RECV) != 0;
+      } else {
+        ckpt_call_t calls[CKPT_RECENT];
+        size_t nc = ckpt_recent(&s->ckpt, calls, CKPT_RECENT);
+        o->blocked_seq = what;
+        for (size_t k = 0; k < nc; k++)
+          if (calls[k].seq == what)
+            fp_format(calls[k].fp, bs->call[bs->n], sizeof(bs->call[bs->n]));
+      }
+    }
+    o->call = bs->call[bs->n];
+    bs->p[bs->n] = o;
+    bs->n++;
+  }
+  pthread_mutex_unlock(&g_fam_lock);
+}
+
+static void subs_free(beat_subs_t *bs) {
+  for (size_t i = 0; i < bs->n; i++)
+    free(bs->s[i].members);
+  bs->n = 0;
+}
+
+/* The head's verdict, on to every child of its family in this process.
+ * The judge gives one verdict: after it nothing in the family is judged
+ * any more, and the ranks, failing, leave their children at different
+ * points (one destroys a child while another still waits in a call of it).
+ * So every child fails with the head, on every member alike, its lost
+ * ranks noted (chorus_comm_shrink of a child leaves them out). */
+static void family_pass_on(const chorus_comm_t *c, int code, const char *text, const uint32_t *lost,
+                           size_t nlost) {
+  if (!c->family || c->world_of)
+    return;
+  pthread_mutex_lock(&g_fam_lock);
+  for (int i = 0; i < FAMILY_MAX; i++) {
+    chorus_comm_t *s = g_fam[i];
+    if (!s || s->family != c->family)
+      continue;
+    uint32_t *sl = calloc((size_t)s->size, sizeof(*sl));
+    size_t n = 0;
+    for (size_t j = 0; sl && j < nlost; j++)
+      for (int r = 0; r < s->size; r++)
+        if ((uint32_t)s->world_of[r] == lost[j] && r != s->rank)
+          sl[n++] = (uint32_t)r;
+    char t[1200];
+    snprintf(t, sizeof(t),
+             "%.1000s (the verdict on the communicator this one was split from; ranks as there)",
+             text);
+    if (n)
+      comm_note_lost(s, sl, n);
+    comm_fail(s, (chorus_result)code, t);
+    free(sl);
+  }
+  pthread_mutex_unlock(&g_fam_lock);
+}
+
 static void registry_remove(watch_t *w) {
   pthread_mutex_lock(&g_lock);
   for (int i = 0; i < WATCH_MAX; i++)
@@ -232,6 +366,10 @@ static int send_beat(watch_t *w, bool reply) {
   pthread_mutex_unlock(&c->lock);
   b.failure = b.failed ? failure : "";
   b.reply = reply;
+  beat_subs_t subs;
+  subs_collect(c, &subs);
+  b.n_subs = subs.n;
+  b.subs = subs.p;
   b.stalled = "";
   char stall[160];
   uint64_t su = atomic_load(&c->stall_until_ns);
@@ -243,7 +381,9 @@ static int send_beat(watch_t *w, bool reply) {
   Chorus__Boot__Envelope env = CHORUS__BOOT__ENVELOPE__INIT;
   env.msg_case = CHORUS__BOOT__ENVELOPE__MSG_BEAT;
   env.beat = &b;
-  return boot_send_envelope(w->fd, &env, 2.0);
+  int rc = boot_send_envelope(w->fd, &env, 2.0);
+  subs_free(&subs);
+  return rc;
 }
 
 /* ---- verdicts ---- */
@@ -281,6 +421,7 @@ static void apply(watch_t *w, int code, int culprit, const char *text, const uin
     comm_note_lost(c, lost, nlost);
   comm_fail(c, (chorus_result)code, text);
   atomic_store(&w->applied, true);
+  family_pass_on(c, code, text, lost, nlost);
 }
 
 /* The communicator failed here first (a mismatch this rank saw, an
@@ -496,6 +637,8 @@ chorus_result watch_start(chorus_comm_t *c) {
   }
   w->fd = fd;
   c->clock_offset_ns = off;
+  if (!c->world_of)
+    c->family = atomic_fetch_add(&g_family_next, 1); /* heads a family (comm.h) */
   /* A link that goes down leaves this connection open and silent: the kernel fails it once a
    * beat has gone unacknowledged for the peer timeout, and the rank names rank 0 lost instead of
    * waiting for CHORUS_TIMEOUT (a rank 0 that is only slow still has its kernel acknowledge). */

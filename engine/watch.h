@@ -30,6 +30,10 @@ typedef struct watch watch_t;
 chorus_result watch_start(struct chorus_comm *c);
 /* Says goodbye to the judge and stops (NULL: nothing). */
 void watch_stop(watch_t *w);
+/* A split child of a communicator with a watchdog (c->family set): its
+ * waits go into the head's beats, and the head's verdicts reach it. */
+void watch_family_add(struct chorus_comm *c);
+void watch_family_remove(struct chorus_comm *c);
 /* The communicator failed here (comm_fail): tell the judge now. */
 void watch_notify_failure(watch_t *w);
 /* chorus_comm_destroy began: send a heartbeat now (it says so), so that

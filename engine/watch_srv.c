@@ -22,6 +22,20 @@ typedef struct wcall {
   bool done;
 } wcall_t;
 
+/* A sub-communicator a rank is in, as of its last beat (Beat.subs). */
+typedef struct wsub {
+  uint64_t id;
+  int n;
+  int *members; /* ranks of this (the judge's) communicator */
+  uint64_t last_begun, blocked_seq;
+  double blocked_at; /* 0: the rank waits in nothing there */
+  int blocked_peer;  /* a rank of the judge's communicator; -1: none */
+  bool blocked_recv;
+  char call[128];
+} wsub_t;
+
+#define WS_SUBS 8
+
 typedef struct wrank {
   bool joined, bye, lost, have_beat, replied;
   double last_heard, beat_at;
@@ -39,6 +53,10 @@ typedef struct wrank {
   char where[192], failure[512], stalled[128];
   wcall_t calls[WS_CALLS];
   int ncalls;
+  /* sub-communicators; bsub: the one it waits in, when it waits in none
+   * of this communicator (-1: none) */
+  wsub_t subs[WS_SUBS];
+  int nsubs, bsub;
 } wrank_t;
 
 struct wsrv {
@@ -73,6 +91,9 @@ wsrv_t *wsrv_new(const wsrv_config_t *cfg, double now) {
 void wsrv_free(wsrv_t *w) {
   if (!w)
     return;
+  for (int i = 0; i < w->cfg.size; i++)
+    for (int k = 0; k < WS_SUBS; k++)
+      free(w->r[i].subs[k].members);
   free(w->r);
   free(w);
 }
@@ -175,12 +196,44 @@ void wsrv_beat(wsrv_t *w, int rank, const Chorus__Boot__Beat *b, double now) {
     o->done = c->done;
     snprintf(o->algo, sizeof(o->algo), "%s", c->algo ? c->algo : "");
   }
+  /* sub-communicators: the wait in one counts where the rank waits in
+   * nothing of this communicator */
+  r->nsubs = 0;
+  r->bsub = -1;
+  for (size_t i = 0; i < b->n_subs && r->nsubs < WS_SUBS; i++) {
+    const Chorus__Boot__SubState *bs = b->subs[i];
+    wsub_t *o = &r->subs[r->nsubs];
+    int *m = realloc(o->members, (bs->n_members ? bs->n_members : 1) * sizeof(int));
+    if (!m)
+      break;
+    o->members = m;
+    o->n = 0;
+    for (size_t k = 0; k < bs->n_members; k++)
+      if (bs->members[k] < (uint32_t)w->cfg.size)
+        o->members[o->n++] = (int)bs->members[k];
+    o->id = bs->id;
+    o->last_begun = bs->last_begun;
+    o->blocked_at = bs->blocked_ms ? now - (double)bs->blocked_ms / 1000.0 : 0;
+    o->blocked_seq = bs->blocked_seq;
+    o->blocked_peer = bs->blocked_peer >= 0 && bs->blocked_peer < w->cfg.size && !bs->blocked_seq
+                          ? bs->blocked_peer
+                          : -1;
+    o->blocked_recv = bs->blocked_recv;
+    snprintf(o->call, sizeof(o->call), "%s", bs->call ? bs->call : "");
+    if (!b->blocked_ms && r->bsub < 0 && o->blocked_at > 0 &&
+        (o->blocked_seq || o->blocked_peer >= 0)) {
+      r->bsub = r->nsubs;
+      r->blocked_at = o->blocked_at;
+    }
+    r->nsubs++;
+  }
   if (b->reply)
     r->replied = true;
   /* a beat only records; the tick judges (O(ranks) a tick, not a beat),
    * unless something happened that must not wait */
   if (b->failed || b->reply || w->polling || (b->destroying && !was_destroying) ||
-      (r->blocked_peer >= 0 && (double)b->blocked_ms >= w->cfg.tick_s * 1000.0))
+      (r->blocked_peer >= 0 && (double)b->blocked_ms >= w->cfg.tick_s * 1000.0) ||
+      (r->bsub >= 0 && now - r->blocked_at >= w->cfg.tick_s))
     evaluate(w, now);
 }
 
@@ -636,7 +689,19 @@ out_free:
 /* "rank 0 waits in recv from rank 1" */
 static void wait_edge_str(const wsrv_t *w, int x, int y, char *buf, size_t len) {
   const wrank_t *r = &w->r[x];
-  if (r->blocked_seq) {
+  if (!r->blocked_seq && r->bsub >= 0) {
+    const wsub_t *s = &r->subs[r->bsub];
+    char rs[128];
+    ranks_str(rs, sizeof(rs), s->members, s->n);
+    if (s->blocked_seq)
+      snprintf(buf, len,
+               "rank %d waits in #%llu %s of the sub-communicator of %s, which rank %d has not "
+               "called",
+               x, (unsigned long long)s->blocked_seq, s->call, rs, y);
+    else
+      snprintf(buf, len, "rank %d waits in %s rank %d in the sub-communicator of %s", x,
+               s->blocked_recv ? "recv from" : "send to", y, rs);
+  } else if (r->blocked_seq) {
     const wcall_t *c = call_at(r, r->blocked_seq);
     char cs[128] = "";
     if (c)
@@ -653,22 +718,51 @@ static void wait_edge_str(const wsrv_t *w, int x, int y, char *buf, size_t len) 
 static bool blocked(const wsrv_t *w, const wrank_t *r, double now) {
   (void)now;
   return live(r) && !r->destroying && r->blocked_at > 0 &&
-         r->beat_at - r->blocked_at >= w->cfg.tick_s && (r->blocked_seq || r->blocked_peer >= 0);
+         r->beat_at - r->blocked_at >= w->cfg.tick_s &&
+         (r->blocked_seq || r->blocked_peer >= 0 || r->bsub >= 0);
 }
 
 /* The next node x waits for from *k on (advanced past it), -1 past the
  * last: ranks in [0, n), and for a rank blocked in a collective a node of
  * its own (n + the rank) whose successors are the ranks that have not
  * begun that collective. */
+static const wsub_t *sub_of(const wrank_t *r, uint64_t id) {
+  for (int i = 0; i < r->nsubs; i++)
+    if (r->subs[i].id == id)
+      return &r->subs[i];
+  return NULL;
+}
+
 static int wait_next(const wsrv_t *w, int x, int *k, double now) {
   const int n = w->cfg.size;
   if (x < n) {
     const wrank_t *r = &w->r[x];
     if ((*k)++ || !blocked(w, r, now))
       return -1;
+    if (!r->blocked_seq && r->bsub >= 0) {
+      const wsub_t *s = &r->subs[r->bsub];
+      return s->blocked_seq ? n + x : s->blocked_peer;
+    }
     return r->blocked_seq ? n + x : r->blocked_peer;
   }
-  uint64_t seq = w->r[x - n].blocked_seq;
+  const wrank_t *xr = &w->r[x - n];
+  if (!xr->blocked_seq && xr->bsub >= 0) {
+    /* a collective of a sub-communicator: its members that have not begun it */
+    const wsub_t *s = &xr->subs[xr->bsub];
+    for (int i = *k; i < s->n; i++) {
+      int y = s->members[i];
+      const wrank_t *r = &w->r[y];
+      const wsub_t *ys = sub_of(r, s->id);
+      if (y != x - n && live(r) && r->have_beat && !r->destroying &&
+          (!ys || ys->last_begun < s->blocked_seq)) {
+        *k = i + 1;
+        return y;
+      }
+    }
+    *k = s->n;
+    return -1;
+  }
+  uint64_t seq = xr->blocked_seq;
   for (int y = *k; y < n; y++) {
     const wrank_t *r = &w->r[y];
     if (live(r) && r->have_beat && !r->destroying && r->last_begun < seq) {
