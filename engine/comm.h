@@ -176,7 +176,7 @@ struct chorus_comm {
    * head's rank of rank r here), so that the head's watchdog sees where
    * they wait and passes its verdicts on to them. 0: in no family. */
   uint64_t family, sub_id;
-  int *world_of;
+  uint32_t *world_of;           /* uint32_t: it goes into the head's beats as it is */
   atomic_uint nsplits;          /* splits made of this one: part of each child's sub_id */
   _Atomic uint64_t home_after;  /* no look at the CPU before then (fsm_now_ns; comm_home_due) */
   _Atomic uint64_t home_looks;  /* looks at the CPU a caller runs on (tests) */

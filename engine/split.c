@@ -366,11 +366,11 @@ CHORUS_API chorus_result chorus_comm_split(chorus_comm_t *comm, int color, int k
       memcpy(c->sock_listen, comm->sock_listen, sizeof(c->sock_listen));
       c->set.faults[0] = '\0'; /* faults target the world's call numbers */
       c->topo = topo_sub(comm->topo, members, n);
-      if (comm->family && (c->world_of = malloc((size_t)n * sizeof(int)))) {
+      if (comm->family && (c->world_of = malloc((size_t)n * sizeof(*c->world_of)))) {
         c->family = comm->family;
         c->sub_id = sub_id_of(comm->sub_id, split_no, color);
         for (int i = 0; i < n; i++)
-          c->world_of[i] = comm->world_of ? comm->world_of[members[i]] : members[i];
+          c->world_of[i] = comm->world_of ? comm->world_of[members[i]] : (uint32_t)members[i];
       }
     }
     if (!c || !c->topo || (comm->family && !c->world_of))

@@ -172,26 +172,21 @@ typedef struct beat_subs {
   char call[BEAT_SUBS][96];
 } beat_subs_t;
 
-/* The head's children in this process, for its beat; subs_free after. */
+/* The head's children in this process, for its beat (sent before the lock
+ * is given up again: the members are the children's own world_of). */
 static void subs_collect(const chorus_comm_t *c, beat_subs_t *bs) {
   bs->n = 0;
   if (!c->family || c->world_of)
     return;
-  pthread_mutex_lock(&g_fam_lock);
   for (int i = 0; i < FAMILY_MAX && bs->n < BEAT_SUBS; i++) {
     chorus_comm_t *s = g_fam[i];
     if (!s || s->family != c->family)
       continue;
-    uint32_t *m = malloc((size_t)s->size * sizeof(*m));
-    if (!m)
-      continue;
     Chorus__Boot__SubState *o = &bs->s[bs->n];
     chorus__boot__sub_state__init(o);
-    for (int r = 0; r < s->size; r++)
-      m[r] = (uint32_t)s->world_of[r];
     o->id = s->sub_id;
     o->n_members = (size_t)s->size;
-    o->members = m;
+    o->members = s->world_of;
     pthread_mutex_lock(&s->ckpt.lock);
     o->last_begun = s->ckpt.last_begun;
     pthread_mutex_unlock(&s->ckpt.lock);
@@ -203,7 +198,7 @@ static void subs_collect(const chorus_comm_t *c, beat_subs_t *bs) {
       o->blocked_ms += !o->blocked_ms;
       if (what & CKPT_BLOCK_P2P) {
         int p = CKPT_BLOCK_PEER(what);
-        o->blocked_peer = p >= 0 && p < s->size ? s->world_of[p] : -1;
+        o->blocked_peer = p >= 0 && p < s->size ? (int32_t)s->world_of[p] : -1;
         o->blocked_recv = (what & CKPT_BLOCK_RECV) != 0;
       } else {
         ckpt_call_t calls[CKPT_RECENT];
@@ -218,13 +213,6 @@ static void subs_collect(const chorus_comm_t *c, beat_subs_t *bs) {
     bs->p[bs->n] = o;
     bs->n++;
   }
-  pthread_mutex_unlock(&g_fam_lock);
-}
-
-static void subs_free(beat_subs_t *bs) {
-  for (size_t i = 0; i < bs->n; i++)
-    free(bs->s[i].members);
-  bs->n = 0;
 }
 
 /* The head's verdict, on to every child of its family in this process.
@@ -246,7 +234,7 @@ static void family_pass_on(const chorus_comm_t *c, int code, const char *text, c
     size_t n = 0;
     for (size_t j = 0; sl && j < nlost; j++)
       for (int r = 0; r < s->size; r++)
-        if ((uint32_t)s->world_of[r] == lost[j] && r != s->rank)
+        if (s->world_of[r] == lost[j] && r != s->rank)
           sl[n++] = (uint32_t)r;
     char t[1200];
     snprintf(t, sizeof(t),
@@ -367,6 +355,7 @@ static int send_beat(watch_t *w, bool reply) {
   b.failure = b.failed ? failure : "";
   b.reply = reply;
   beat_subs_t subs;
+  pthread_mutex_lock(&g_fam_lock); /* the children stay until the beat is sent */
   subs_collect(c, &subs);
   b.n_subs = subs.n;
   b.subs = subs.p;
@@ -382,7 +371,7 @@ static int send_beat(watch_t *w, bool reply) {
   env.msg_case = CHORUS__BOOT__ENVELOPE__MSG_BEAT;
   env.beat = &b;
   int rc = boot_send_envelope(w->fd, &env, 2.0);
-  subs_free(&subs);
+  pthread_mutex_unlock(&g_fam_lock);
   return rc;
 }
 
@@ -497,10 +486,9 @@ static void server_gone(watch_t *w, const char *why, bool unreachable) {
   uint32_t *lost = calloc((size_t)c->size, sizeof(*lost)), zero = 0;
   size_t nlost = 0;
   const topo_t *t = c->topo;
-  if (unreachable && lost && t && t->nhosts > 1)
-    for (int r = 0; r < c->size; r++)
-      if (t->host_of[r] == t->host_of[0] && r != c->rank)
-        lost[nlost++] = (uint32_t)r;
+  for (int r = 0; unreachable && lost && t && r < c->size; r++)
+    if (t->host_of[r] == t->host_of[0] && r != c->rank)
+      lost[nlost++] = (uint32_t)r;
   if (nlost > 1) {
     char names[128];
     size_t n = 0;
@@ -529,7 +517,7 @@ static void server_gone(watch_t *w, const char *why, bool unreachable) {
  * gone. The kernel ended it (TCP_USER_TIMEOUT: TCP_CLOSE with ETIMEDOUT)
  * when rank 0's host stopped acknowledging: unreachable. A send or receive
  * that only ran out of its own deadline leaves the connection established. */
-static void conn_failed(watch_t *w, int rc, const char *what) {
+static void conn_failed(watch_t *w, int rc, bool reading) {
   struct tcp_info ti;
   socklen_t tl = sizeof(ti);
   bool unreachable = rc == -ETIMEDOUT && !getsockopt(w->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) &&
@@ -538,10 +526,10 @@ static void conn_failed(watch_t *w, int rc, const char *what) {
   if (unreachable)
     snprintf(why, sizeof(why), "went unanswered for %.0f s (CHORUS_PEER_TIMEOUT)",
              w->c->set.peer_timeout_s);
-  else if (rc == -EPIPE && !strcmp(what, "read"))
+  else if (rc == -EPIPE && reading)
     snprintf(why, sizeof(why), "closed");
   else
-    snprintf(why, sizeof(why), "could not be %s: %s", strcmp(what, "read") ? "written to" : "read",
+    snprintf(why, sizeof(why), "could not be %s: %s", reading ? "read" : "written to",
              strerror(-rc));
   server_gone(w, why, unreachable);
 }
@@ -557,7 +545,7 @@ static void *watch_main(void *arg) {
     if (now >= next) {
       int src;
       if (w->fd >= 0 && (src = send_beat(w, false)) < 0)
-        conn_failed(w, src, "written");
+        conn_failed(w, src, false);
       decide_alone(w);
       next = now + period;
     }
@@ -576,10 +564,10 @@ static void *watch_main(void *arg) {
       /* before a stop: a leaving rank's last beat says it is leaving */
       int src;
       if ((req & REQ_BEAT) && w->fd >= 0 && (src = send_beat(w, false)) < 0)
-        conn_failed(w, src, "written");
+        conn_failed(w, src, false);
       if (req & REQ_FAIL) {
         if (w->fd >= 0 && (src = send_beat(w, false)) < 0)
-          conn_failed(w, src, "written");
+          conn_failed(w, src, false);
         dump_local_failure(w);
       }
       if (req & REQ_STOP) {
@@ -603,7 +591,7 @@ static void *watch_main(void *arg) {
       Chorus__Boot__Envelope *env = NULL;
       int rc = boot_recv_envelope(w->fd, 2.0, &env);
       if (rc) {
-        conn_failed(w, rc, "read");
+        conn_failed(w, rc, true);
         continue;
       }
       on_message(w, env);

@@ -53,8 +53,8 @@ typedef struct wrank {
   char where[192], failure[512], stalled[128];
   wcall_t calls[WS_CALLS];
   int ncalls;
-  /* sub-communicators; bsub: the one it waits in, when it waits in none
-   * of this communicator (-1: none) */
+  /* sub-communicators; bsub: the one it waits in, set only when it waits
+   * in nothing of this communicator (blocked_seq 0, blocked_peer -1) */
   wsub_t subs[WS_SUBS];
   int nsubs, bsub;
 } wrank_t;
@@ -689,7 +689,7 @@ out_free:
 /* "rank 0 waits in recv from rank 1" */
 static void wait_edge_str(const wsrv_t *w, int x, int y, char *buf, size_t len) {
   const wrank_t *r = &w->r[x];
-  if (!r->blocked_seq && r->bsub >= 0) {
+  if (r->bsub >= 0) {
     const wsub_t *s = &r->subs[r->bsub];
     char rs[128];
     ranks_str(rs, sizeof(rs), s->members, s->n);
@@ -722,10 +722,6 @@ static bool blocked(const wsrv_t *w, const wrank_t *r, double now) {
          (r->blocked_seq || r->blocked_peer >= 0 || r->bsub >= 0);
 }
 
-/* The next node x waits for from *k on (advanced past it), -1 past the
- * last: ranks in [0, n), and for a rank blocked in a collective a node of
- * its own (n + the rank) whose successors are the ranks that have not
- * begun that collective. */
 static const wsub_t *sub_of(const wrank_t *r, uint64_t id) {
   for (int i = 0; i < r->nsubs; i++)
     if (r->subs[i].id == id)
@@ -733,20 +729,24 @@ static const wsub_t *sub_of(const wrank_t *r, uint64_t id) {
   return NULL;
 }
 
+/* The next node x waits for from *k on (advanced past it), -1 past the
+ * last: ranks in [0, n), and for a rank blocked in a collective (of this
+ * communicator or of a sub-communicator) a node of its own (n + the rank)
+ * whose successors are the members that have not begun that collective. */
 static int wait_next(const wsrv_t *w, int x, int *k, double now) {
   const int n = w->cfg.size;
   if (x < n) {
     const wrank_t *r = &w->r[x];
     if ((*k)++ || !blocked(w, r, now))
       return -1;
-    if (!r->blocked_seq && r->bsub >= 0) {
+    if (r->bsub >= 0) {
       const wsub_t *s = &r->subs[r->bsub];
       return s->blocked_seq ? n + x : s->blocked_peer;
     }
     return r->blocked_seq ? n + x : r->blocked_peer;
   }
   const wrank_t *xr = &w->r[x - n];
-  if (!xr->blocked_seq && xr->bsub >= 0) {
+  if (xr->bsub >= 0) {
     /* a collective of a sub-communicator: its members that have not begun it */
     const wsub_t *s = &xr->subs[xr->bsub];
     for (int i = *k; i < s->n; i++) {

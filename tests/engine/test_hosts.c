@@ -285,11 +285,23 @@ static void note_comm(rank_report_t *me, chorus_comm_t *c, int size) {
 /* How a rank makes its communicator. */
 enum how { BY_ADDRESS, BY_MASTER_ADDR, BY_OPENMPI };
 
+/* A launcher's rank, local rank, size and local size (2 ranks a host). */
+static void launcher_vars(int rank, int size, const char *r, const char *lr, const char *s,
+                          const char *ls) {
+  char v[16];
+  snprintf(v, sizeof(v), "%d", rank);
+  setenv(r, v, 1);
+  snprintf(v, sizeof(v), "%d", rank % 2);
+  setenv(lr, v, 1);
+  snprintf(v, sizeof(v), "%d", size);
+  setenv(s, v, 1);
+  setenv(ls, "2", 1);
+}
+
 static int collectives_rank(int rank, int size, const char *unused, void *arg) {
   enum how how = (enum how)(intptr_t)arg;
   rank_report_t *me = &rep[rank];
   chorus_comm_t *c = NULL;
-  char v[64];
   chorus_result rc;
 
   (void)unused;
@@ -304,23 +316,12 @@ static int collectives_rank(int rank, int size, const char *unused, void *arg) {
      * this program), so rank 0 meets the others on MASTER_PORT+1 */
     setenv("MASTER_ADDR", ADDR_A, 1);
     setenv("MASTER_PORT", "29500", 1);
-    snprintf(v, sizeof(v), "%d", rank);
-    setenv("RANK", v, 1);
-    snprintf(v, sizeof(v), "%d", rank % 2);
-    setenv("LOCAL_RANK", v, 1);
-    snprintf(v, sizeof(v), "%d", size);
-    setenv("WORLD_SIZE", v, 1);
-    setenv("LOCAL_WORLD_SIZE", "2", 1);
+    launcher_vars(rank, size, "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE");
     rc = chorus_comm_init_from_env(&c);
     break;
   default:
-    snprintf(v, sizeof(v), "%d", rank);
-    setenv("OMPI_COMM_WORLD_RANK", v, 1);
-    snprintf(v, sizeof(v), "%d", rank % 2);
-    setenv("OMPI_COMM_WORLD_LOCAL_RANK", v, 1);
-    snprintf(v, sizeof(v), "%d", size);
-    setenv("OMPI_COMM_WORLD_SIZE", v, 1);
-    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+    launcher_vars(rank, size, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                  "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE");
     setenv("CHORUS_RENDEZVOUS", ADDR_A ":29600", 1);
     rc = chorus_comm_init_from_env(&c);
     break;
