@@ -91,6 +91,23 @@ void comm_note_lost(chorus_comm_t *c, const uint32_t *lost, size_t n) {
   pthread_mutex_unlock(&c->lock);
 }
 
+#define COMM_UNWEDGE_NS (250ull * 1000 * 1000)
+
+void comm_unwedge(chorus_comm_t *c, bool now) {
+  if (!atomic_load(&c->async_rc) || !c->prov || !c->prov->ops->unwedge)
+    return;
+  uint64_t t = fsm_now_ns(), due = atomic_load(&c->unwedge_after);
+  if (!now &&
+      (t < due || !atomic_compare_exchange_strong(&c->unwedge_after, &due, t + COMM_UNWEDGE_NS)))
+    return;
+  int n = c->prov->ops->unwedge(c->prov);
+  if (n > 0)
+    eng_log(ENG_WARN, c->rank, "comm",
+            "freed %d shared-memory queue lock%s that a process killed inside the transport had "
+            "left taken: calls waiting on %s return now",
+            n, n > 1 ? "s" : "", n > 1 ? "them" : "it");
+}
+
 void comm_stall(chorus_comm_t *c, double seconds, const char *why) {
   snprintf(c->stall_why, sizeof(c->stall_why), "%s", why ? why : "");
   atomic_store(&c->stall_until_ns, fsm_now_ns() + (uint64_t)(seconds * 1e9));
@@ -628,6 +645,8 @@ static void progress_nap_aside(chorus_comm_t *c, const struct timeval *tv) {
   evtimer_del(c->ev_timer);
   if (c->ev_wait)
     event_add(c->ev_wait, NULL);
+  /* the driver may be the one stuck in the transport */
+  comm_unwedge(c, false);
 }
 
 /* Takes prog_lock (the progress thread, after a sleep or a yield). While
@@ -809,7 +828,19 @@ static void progress_stop(chorus_comm_t *c) {
   if (c->thread_started) {
     atomic_store(&c->stop, 1);
     progress_kick(c);
-    pthread_join(c->thread, NULL);
+    /* it may be stuck in the transport (comm_unwedge) */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 250000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    while (pthread_timedjoin_np(c->thread, NULL, &ts) == ETIMEDOUT) {
+      comm_unwedge(c, false);
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_sec++;
+    }
     c->thread_started = false;
   }
   if (c->ev_wait)
@@ -850,6 +881,7 @@ void comm_free(chorus_comm_t *c) {
   watch_stop(c->watch);
   c->watch = NULL;
   progress_stop(c);
+  comm_unwedge(c, true); /* closing reads our own queue */
   /* a peer killed on this host leaves its shm region behind: remove it */
   if (c->prov && c->prov->ops->reap && c->prov->ops->reap(c->prov) > 0)
     eng_log(ENG_INFO, c->rank, "comm", "removed the shared memory of ended peers");

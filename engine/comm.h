@@ -150,6 +150,7 @@ struct chorus_comm {
    * engine does nothing, so the rank looks frozen to its peers. */
   _Atomic uint64_t stall_until_ns;
   char stall_why[96];
+  _Atomic uint64_t unwedge_after; /* comm_unwedge's next look, at the earliest */
 
   /* application thread */
   uint64_t seq; /* calls begun (collectives and internal rounds); tags carry its low 16 bits */
@@ -260,6 +261,11 @@ chorus_result comm_xport_allgather(chorus_comm_t *c, const void *mine, size_t le
 chorus_result comm_fail(chorus_comm_t *c, chorus_result rc, const char *text);
 /* The ranks a verdict declared lost (watch.c; any thread). */
 void comm_note_lost(chorus_comm_t *c, const uint32_t *lost, size_t n);
+/* Once c failed: frees what a process killed inside the transport left
+ * taken, on which a thread of ours may spin for good (prov_ops_t.unwedge).
+ * From any thread outside the transport; at most every few hundred ms
+ * unless `now`. */
+void comm_unwedge(chorus_comm_t *c, bool now);
 /* Freezes c's progress engine for `seconds` (fault injection; any thread). */
 void comm_stall(chorus_comm_t *c, double seconds, const char *why);
 

@@ -534,6 +534,20 @@ static void conn_failed(watch_t *w, int rc, bool reading) {
   server_gone(w, why, unreachable);
 }
 
+/* The head's and its failed children's transports, freed of what a process
+ * killed inside them left taken (comm_unwedge): a child has no watchdog
+ * thread of its own to do it while its threads are stuck. */
+static void family_unwedge(chorus_comm_t *c) {
+  comm_unwedge(c, false);
+  if (!c->family || c->world_of || !atomic_load(&c->async_rc))
+    return;
+  pthread_mutex_lock(&g_fam_lock);
+  for (int i = 0; i < FAMILY_MAX; i++)
+    if (g_fam[i] && g_fam[i]->family == c->family)
+      comm_unwedge(g_fam[i], false);
+  pthread_mutex_unlock(&g_fam_lock);
+}
+
 static void *watch_main(void *arg) {
   watch_t *w = arg;
   chorus_comm_t *c = w->c;
@@ -549,6 +563,7 @@ static void *watch_main(void *arg) {
       decide_alone(w);
       next = now + period;
     }
+    family_unwedge(c); /* the application's and progress threads may both be stuck */
     struct pollfd p[2] = {{.fd = w->efd, .events = POLLIN}, {.fd = w->fd, .events = POLLIN}};
     int ms = (int)((next - now) / 1000000) + 1;
     int np = poll(p, w->fd >= 0 ? 2 : 1, ms);

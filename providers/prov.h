@@ -231,6 +231,12 @@ typedef struct prov_ops {
    * and nothing it sends later lands; posts to it fail from here on.
    * NULL: the transport's cancel already ends every operation. */
   int (*drop_peer)(prov_t *p, int peer);
+  /* The communicator failed: frees what a process killed inside the
+   * transport left taken and that holds up this one's threads for good
+   * (libfabric 1.17 shm: a queue lock in shared memory). The only op called
+   * from a thread outside the transport while another may be inside it.
+   * Returns how many it freed. NULL: nothing of the kind. */
+  int (*unwedge)(prov_t *p);
 } prov_ops_t;
 
 struct prov {

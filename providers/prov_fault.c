@@ -1014,6 +1014,12 @@ static int fault_drop_peer(prov_t *p, int peer) {
   return c->ops->drop_peer ? c->ops->drop_peer(c, peer) : 0;
 }
 
+/* From a thread outside the transport: the child as it is (no enter). */
+static int fault_unwedge(prov_t *p) {
+  prov_t *c = to_fault(p)->child;
+  return c->ops->unwedge ? c->ops->unwedge(c) : 0;
+}
+
 /* The same table twice but for release(): see fault_ops_no_release's use. */
 #define FAULT_OPS(release_fn)                                                                      \
   {                                                                                                \
@@ -1022,7 +1028,7 @@ static int fault_drop_peer(prov_t *p, int peer) {
     .cancel = fault_cancel, .progress = fault_progress, .wait_fd = fault_wait_fd,                  \
     .arm = fault_arm, .disarm = fault_disarm, .max_posted = fault_max_posted,                      \
     .close = fault_close, .release = release_fn, .reap = fault_reap, .settle = fault_settle,       \
-    .drop_peer = fault_drop_peer,                                                                  \
+    .drop_peer = fault_drop_peer, .unwedge = fault_unwedge,                                        \
   }
 
 const prov_ops_t prov_fault_ops = FAULT_OPS(fault_release);

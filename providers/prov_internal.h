@@ -35,6 +35,11 @@ void prov_ofi_test_no_backstop(prov_t *p);
  * may be removed): gone, a zombie, exiting, or SIGKILL pending. */
 bool prov_ofi_test_pid_dead(int32_t pid);
 
+/* Tests only: rank's queue lock in libfabric 1.17's shm (see "Locks left
+ * held" in prov_ofi.c), as ofi_unwedge knows it; NULL when not known (not
+ * shm, another libfabric) or p is not ofi. */
+void *prov_ofi_test_queue_lock(prov_t *p, int rank);
+
 /* Tests only: the shm doorbell page's layout for a job of nranks: where
  * bounce_done[], taken[], taken_want[] and ack_ring[] begin (off[0..3]; 0
  * for ack_ring[] in a job too large to have one); returns the bytes the

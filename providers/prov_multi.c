@@ -458,6 +458,16 @@ static int multi_drop_peer(prov_t *p, int peer) {
   return c->ops->drop_peer ? c->ops->drop_peer(c, m->index[peer]) : 0;
 }
 
+/* From a thread outside the transport: the children as they are (no multi_enter). */
+static int multi_unwedge(prov_t *p) {
+  struct multi_ep *m = to_multi(p);
+  int n = 0;
+  for (int i = 0; i < 2; i++)
+    if (m->child[i].p && m->child[i].p->ops->unwedge)
+      n += m->child[i].p->ops->unwedge(m->child[i].p);
+  return n;
+}
+
 static int multi_reap(prov_t *p) {
   struct multi_ep *m = to_multi(p);
   int n = 0;
@@ -608,4 +618,5 @@ const prov_ops_t prov_multi_ops = {
     .reap = multi_reap,
     .settle = multi_settle,
     .drop_peer = multi_drop_peer,
+    .unwedge = multi_unwedge,
 };

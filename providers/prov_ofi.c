@@ -66,6 +66,7 @@
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -295,6 +296,9 @@ struct ofi_ep {
   char region[96];   /* shm: our region's name in /dev/shm ("Names"), "" if not ours */
   bool region_named; /* ... and it is still there */
   uint64_t pidns;    /* our PID namespace's inode, 0 if /proc is not ours */
+  /* shm 1.17: each rank's queue lock in its region, NULL where unknown ("Locks left held") */
+  pthread_spinlock_t **wedge;
+  pthread_mutex_t wedge_mu;
   char prov_name[64];
   char errmsg[256];
   bool closing;
@@ -1052,6 +1056,7 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
   o->base.ops = &prov_ofi_ops;
   o->base.name = o->prov_name;
   o->base.last_error = o->errmsg;
+  pthread_mutex_init(&o->wedge_mu, NULL);
   o->rank = cfg->rank;
   o->nranks = cfg->nranks;
   o->cq_fd = o->db_epfd = o->db_sock = o->db_timer = o->db_memfd = -1;
@@ -1231,6 +1236,7 @@ out_free_info:
   fi_freeinfo(o->info);
   rc = ofi_to_errno(rc);
 out_free_ep:
+  pthread_mutex_destroy(&o->wedge_mu);
   free(o);
   return rc;
 }
@@ -1240,6 +1246,8 @@ static int ofi_getname(prov_t *p, void *addr, size_t *len) {
 
   return prov_copy_name(o->addr, o->addrlen, addr, len);
 }
+
+static void wedge_find(struct ofi_ep *o);
 
 static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens, int n) {
   struct ofi_ep *o = to_ofi(p);
@@ -1289,6 +1297,7 @@ static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens
       d->sar = no_cma || !db_cma_works(pa.pid, pa.va, pa.nonce);
     }
   }
+  wedge_find(o);
   /* Peers wait for this in settle before they remove their names. */
   if (o->db_peers)
     atomic_store_explicit(&o->db_page->mapped,
@@ -1839,6 +1848,117 @@ static bool pid_dead(int32_t pid) {
 
 bool prov_ofi_test_pid_dead(int32_t pid) {
   return pid_dead(pid);
+}
+
+/* ---- locks left held ----
+ *
+ * libfabric 1.17's shm guards each rank's command queue with a spinlock in
+ * that rank's region, taken by every sender to it and by the rank itself as
+ * it reads the queue. A process killed while holding one leaves it held for
+ * good: every thread that then sends to that rank, or the rank polling its
+ * own queue, spins inside libfabric and never returns, even after the
+ * watchdog's verdict (test_left_behind: a rank SIGKILLed in an allreduce,
+ * 2 jobs in 300 on 2 cores). So once the communicator failed (the engine
+ * calls ofi_unwedge then, from a thread outside the transport) a lock that
+ * stays held all through OFI_WEDGE_NS while a peer of this host is dead is
+ * freed: whatever its queue still holds belongs to the failed communicator.
+ * Where the lock lies is libfabric's own business: it is used only when
+ * shm says 1.17 and our own region reads as 1.17 lays it out (our pid, then
+ * the region's own address); peers' regions must carry their pid as well.
+ */
+#define SMR117_VERSION FI_VERSION(117, 0) /* shm's prov_version in libfabric 1.17.x */
+#define SMR117_PID 4                      /* int: the owner's pid */
+#define SMR117_BASE 16                    /* void *: the region's address in its owner */
+#define SMR117_LOCK 24                    /* pthread_spinlock_t: the queue's lock */
+#define OFI_WEDGE_NS (200l * 1000 * 1000)
+
+static long ofi_elapsed_ns(const struct timespec *t0);
+
+/* Where /dev/shm/NAME is mapped here (its whole file, from offset 0), NULL if not. */
+static unsigned char *wedge_mapping(FILE *maps, const char *name) {
+  char line[512];
+  size_t nl = strlen(name);
+
+  rewind(maps);
+  while (fgets(line, sizeof(line), maps)) {
+    unsigned long start, off;
+    char *path = strstr(line, " /dev/shm/");
+    if (!path || sscanf(line, "%lx-%*x %*s %lx", &start, &off) != 2 || off)
+      continue;
+    path += 10;
+    if (strncmp(path, name, nl) == 0 && (path[nl] == '\n' || path[nl] == ' ' || !path[nl]))
+      return (unsigned char *)start;
+  }
+  return NULL;
+}
+
+/* The queue lock of the region named NAME, made by pid (NULL: not found, or
+ * not laid out as expected). */
+static pthread_spinlock_t *wedge_lock_of(FILE *maps, const char *name, int32_t pid, bool own) {
+  unsigned char *r = name[0] ? wedge_mapping(maps, name) : NULL;
+  int32_t owner;
+  void *base;
+
+  if (!r)
+    return NULL;
+  memcpy(&owner, r + SMR117_PID, sizeof(owner));
+  memcpy(&base, r + SMR117_BASE, sizeof(base));
+  if (owner != pid || (own && base != r))
+    return NULL;
+  return (pthread_spinlock_t *)(r + SMR117_LOCK);
+}
+
+/* After add_peers, which mapped every peer's region: find the locks. */
+static void wedge_find(struct ofi_ep *o) {
+  if (!o->db_peers || !o->region[0] || o->info->fabric_attr->prov_version != SMR117_VERSION)
+    return;
+  FILE *maps = fopen("/proc/self/maps", "re");
+  if (!maps)
+    return;
+  pthread_spinlock_t *own = wedge_lock_of(maps, o->region, o->pid, true);
+  if (own && (o->wedge = calloc((size_t)o->nranks, sizeof(*o->wedge)))) {
+    for (int r = 0; r < o->nranks; r++)
+      o->wedge[r] = r == o->rank
+                        ? own
+                        : wedge_lock_of(maps, o->db_peers[r].region, o->db_peers[r].pid, false);
+  }
+  fclose(maps);
+}
+
+/* Whether the lock stays taken all through OFI_WEDGE_NS. */
+static bool wedge_held(pthread_spinlock_t *l) {
+  struct timespec t0;
+
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    if (pthread_spin_trylock(l) == 0) {
+      pthread_spin_unlock(l);
+      return false;
+    }
+    if (ofi_elapsed_ns(&t0) >= OFI_WEDGE_NS)
+      return true;
+    struct timespec nap = {0, 200000};
+    nanosleep(&nap, NULL);
+  }
+}
+
+static int ofi_unwedge(prov_t *p) {
+  struct ofi_ep *o = to_ofi(p);
+  int freed = 0;
+
+  if (!o->wedge || pthread_mutex_trylock(&o->wedge_mu))
+    return 0;
+  bool dead = false;
+  for (int r = 0; r < o->nranks && !dead; r++)
+    dead = r != o->rank && o->db_peers[r].pid > 0 && pid_dead(o->db_peers[r].pid);
+  for (int r = 0; dead && r < o->nranks; r++) {
+    if (!o->wedge[r] || !wedge_held(o->wedge[r]))
+      continue;
+    pthread_spin_unlock(o->wedge[r]);
+    freed++;
+  }
+  pthread_mutex_unlock(&o->wedge_mu);
+  return freed;
 }
 
 /* ---- names in /dev/shm ----
@@ -2870,7 +2990,16 @@ static void ofi_close(prov_t *p) {
   free(o->sent);
   free(o->held);
   free(o->peers);
+  free(o->wedge);
+  pthread_mutex_destroy(&o->wedge_mu);
   free(o);
+}
+
+void *prov_ofi_test_queue_lock(prov_t *p, int rank) {
+  if (!p || p->ops != &prov_ofi_ops)
+    return NULL;
+  struct ofi_ep *o = to_ofi(p);
+  return o->wedge && rank >= 0 && rank < o->nranks ? (void *)o->wedge[rank] : NULL;
 }
 
 void prov_ofi_test_no_backstop(prov_t *p) {
@@ -2896,4 +3025,5 @@ const prov_ops_t prov_ofi_ops = {
     .release = ofi_release,
     .reap = ofi_reap,
     .settle = ofi_settle,
+    .unwedge = ofi_unwedge,
 };

@@ -132,7 +132,7 @@ static void *killer(void *arg) {
 static _Noreturn int failed(chorus_comm_t *comm, const char *what, chorus_result rc) {
   const char *on_error = getenv("LB_ON_ERROR");
   fprintf(stderr, "left_behind_rank %d: %s: %s: %s\n", rank, what, chorus_strerror(rc),
-          chorus_last_error());
+          comm ? chorus_comm_last_error(comm) : chorus_last_error());
   if (comm && !(on_error && strcmp(on_error, "exit") == 0))
     chorus_comm_destroy(comm);
   report("done %d %d 1\n", (int)getpid(), rank);
