@@ -230,6 +230,11 @@ int dump_write(chorus_comm_t *c, const char *dir, int reason, int culprit, int s
   d.journal_dropped = total > nrec ? total - nrec : 0;
   d.n_faults = nflt;
   d.faults = p_flt;
+  if (c->world_of) { /* a split: chorus-trace joins its waits to its family head's */
+    d.sub_id = c->sub_id;
+    d.n_world_of = (size_t)c->size;
+    d.world_of = c->world_of;
+  }
 
   size_t len = chorus__trace__dump__get_packed_size(&d);
   uint8_t *buf = malloc(len ? len : 1);
@@ -238,8 +243,12 @@ int dump_write(chorus_comm_t *c, const char *dir, int reason, int culprit, int s
     goto out;
   }
   chorus__trace__dump__pack(&d, buf);
-  snprintf(fname, sizeof(fname), "%s/rank%05d-comm%u-pid%d.trace", dir, c->rank,
-           (unsigned)c->ex.comm_id, (int)getpid());
+  if (c->world_of)
+    snprintf(fname, sizeof(fname), "%s/rank%05d-comm%u-split%016llx-pid%d.trace", dir, c->rank,
+             (unsigned)c->ex.comm_id, (unsigned long long)c->sub_id, (int)getpid());
+  else
+    snprintf(fname, sizeof(fname), "%s/rank%05d-comm%u-pid%d.trace", dir, c->rank,
+             (unsigned)c->ex.comm_id, (int)getpid());
   snprintf(tmp, sizeof(tmp), "%s.tmp", fname);
   FILE *f = fopen(tmp, "wb");
   if (!f) {

@@ -221,8 +221,10 @@ static void subs_collect(const chorus_comm_t *c, beat_subs_t *bs) {
  * points (one destroys a child while another still waits in a call of it).
  * So every child fails with the head, on every member alike, its lost
  * ranks noted (chorus_comm_shrink of a child leaves them out). */
-static void family_pass_on(const chorus_comm_t *c, int code, const char *text, const uint32_t *lost,
-                           size_t nlost) {
+static int reason_of(int code);
+
+static void family_pass_on(const chorus_comm_t *c, int code, int culprit, const char *text,
+                           const uint32_t *lost, size_t nlost) {
   if (!c->family || c->world_of)
     return;
   pthread_mutex_lock(&g_fam_lock);
@@ -240,6 +242,14 @@ static void family_pass_on(const chorus_comm_t *c, int code, const char *text, c
     snprintf(t, sizeof(t),
              "%.1000s (the verdict on the communicator this one was split from; ranks as there)",
              text);
+    if (s->set.trace_dir[0]) { /* before it fails its calls: chorus-trace joins their waits to
+                                  the head's (dump.c) */
+      int sc = -1;
+      for (int r = 0; r < s->size && culprit >= 0; r++)
+        if (s->world_of[r] == (uint32_t)culprit)
+          sc = r;
+      dump_write(s, s->set.trace_dir, reason_of(code), sc, code, t, sl, n, NULL, 0);
+    }
     if (n)
       comm_note_lost(s, sl, n);
     comm_fail(s, (chorus_result)code, t);
@@ -410,7 +420,7 @@ static void apply(watch_t *w, int code, int culprit, const char *text, const uin
     comm_note_lost(c, lost, nlost);
   comm_fail(c, (chorus_result)code, text);
   atomic_store(&w->applied, true);
-  family_pass_on(c, code, text, lost, nlost);
+  family_pass_on(c, code, culprit, text, lost, nlost);
 }
 
 /* The communicator failed here first (a mismatch this rank saw, an

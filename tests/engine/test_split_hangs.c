@@ -18,7 +18,9 @@
  * The verdict fails every communicator of the family alike (watch.c), so
  * each rank fails in whichever call it is, within two watchdog periods
  * (BOUND_S) of that call's start, far from CHORUS_TIMEOUT; every
- * communicator's destroy returns at once afterwards.
+ * communicator's destroy returns at once afterwards. chorus-trace, given
+ * the dumps (each rank's world and splits), agrees: the deadlock cycle runs
+ * through the split and the culprit, or the culprit is lost.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -26,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -144,14 +147,54 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
   return bad;
 }
 
+/* What chorus-trace makes of the job's dumps (the world's and every split's
+ * of each rank): its diagnosis line, which must agree with the verdict: the
+ * deadlock through the split for a skip, the culprit lost for a kill. */
+static void check_trace(const char *dir, int size, enum scenario sc, const char *what) {
+  char cmd[600], out[16384], want[64];
+  const int culprit = size - 2;
+
+  snprintf(cmd, sizeof(cmd), "%s/tools/chorus-trace '%s' 2>&1", CHORUS_BUILD_DIR, dir);
+  FILE *p = popen(cmd, "r");
+  cr_assert(p);
+  size_t got = fread(out, 1, sizeof(out) - 1, p);
+  out[got] = '\0';
+  int st = pclose(p);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: chorus-trace found no culprit:\n%s", what,
+            out);
+  char *nl = strchr(out, '\n');
+  if (nl)
+    *nl = '\0'; /* the diagnosis line */
+  if (sc == SC_SKIP) {
+    const char *cyc = strstr(out, "deadlock cycle ");
+    cr_assert(cyc && strstr(out, "in the split of ranks"),
+              "%s: chorus-trace does not see the deadlock through the split:\n%s", what, out);
+    snprintf(want, sizeof(want), " %d ", culprit);
+    char ring[256];
+    snprintf(ring, sizeof(ring), " %s ", cyc + strlen("deadlock cycle "));
+    cr_assert(strstr(ring, want), "%s: the cycle misses rank %d:\n%s", what, culprit, out);
+    cr_assert(!strstr(out, "diverged"), "%s: chorus-trace blames a rank:\n%s", what, out);
+  } else {
+    snprintf(want, sizeof(want), "rank %d lost", culprit);
+    cr_assert(strstr(out, want), "%s: chorus-trace does not say %s:\n%s", what, want, out);
+  }
+  cr_log_info("%s: chorus-trace: %s", what, out);
+}
+
 static void run(const char *prov, int size, enum scenario sc, int depth) {
   args_t a = {.sc = sc, .depth = depth};
-  char env_prov[64], env_timeout[64];
+  char env_prov[64], env_timeout[64], env_dir[300], dir[256], cmd[300];
 
+  snprintf(dir, sizeof(dir), "/tmp/chorus-split-hangs-%d-%s-%d-%d-%d", (int)getpid(), prov, size,
+           (int)sc, depth);
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
+  snprintf(env_dir, sizeof(env_dir), "CHORUS_TRACE_DIR=%s", dir);
   snprintf(env_prov, sizeof(env_prov), "CHORUS_PROVIDER=%s", prov);
   snprintf(env_timeout, sizeof(env_timeout), "CHORUS_TIMEOUT=%d", TIMEOUT_S);
   const char *envs[] = {env_prov,
                         env_timeout,
+                        env_dir,
                         "CHORUS_PEER_TIMEOUT=10",
                         "CHORUS_WATCHDOG_MS=200",
                         "CHORUS_CONNECT_TIMEOUT=60",
@@ -173,6 +216,11 @@ static void run(const char *prov, int size, enum scenario sc, int depth) {
     mp_remove_dev_shm_of_rank(&r, size - 2);
   cr_assert_eq(mp_count_dev_shm_of(&r, size), 0, "%s %d ranks %s: /dev/shm files left behind", prov,
                size, what);
+  char label[96];
+  snprintf(label, sizeof(label), "%s %d ranks %s depth %d", prov, size, what, depth);
+  check_trace(dir, size, sc, label);
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
 }
 
 TestSuite(split_hangs, .timeout = 150);

@@ -121,6 +121,51 @@ static int cmp_edges(const void *a, const void *b) {
   return x->step->index < y->step->index ? -1 : x->step->index > y->step->index;
 }
 
+static int edge_push(tr_edge_t **e, size_t *n, size_t *cap, tr_edge_t edge) {
+  if (*n == *cap) {
+    size_t ncap = *cap ? *cap * 2 : 64;
+    tr_edge_t *ne = realloc(*e, ncap * sizeof(*ne));
+    if (!ne)
+      return -ENOMEM;
+    *e = ne;
+    *cap = ncap;
+  }
+  (*e)[(*n)++] = edge;
+  return 0;
+}
+
+/* A rank waiting in a call of a split of this communicator waits on the
+ * split's peers: edges between their ranks here. */
+static int split_edges(ctx_t *x, tr_edge_t **e, size_t *n, size_t *cap) {
+  for (size_t k = 0; k < x->c->nkids; k++) {
+    const tr_comm_t *kc = x->c->kids[k];
+    if (!kc->world_of)
+      continue;
+    for (int m = 0; m < kc->size; m++) {
+      const tr_dump_t *d = kc->ranks[m].d;
+      const tr_ckpt_t *ck = tr_ckpt(d);
+      if (!ck || !tr_in_coll(d) || kc->world_of[m] >= (uint32_t)x->size)
+        continue;
+      for (size_t i = 0; i < ck->n_pending; i++) {
+        const tr_step_t *s = ck->pending[i];
+        int p = tr_step_peer(s, kc->size, m);
+        uint64_t age = tr_age(d->t_dump_ns, s->since_ns);
+        if (p < 0 || !blocking(s, age) || kc->world_of[p] >= (uint32_t)x->size)
+          continue;
+        tr_edge_t edge = {.from = (int)kc->world_of[m],
+                          .to = (int)kc->world_of[p],
+                          .step = s,
+                          .via = kc,
+                          .age_ns = age,
+                          .nsteps = 1};
+        if (edge.from != edge.to && edge_push(e, n, cap, edge))
+          return -ENOMEM;
+      }
+    }
+  }
+  return 0;
+}
+
 static int build_edges(ctx_t *x) {
   size_t n = 0, cap = 0;
   tr_edge_t *e = NULL;
@@ -135,18 +180,16 @@ static int build_edges(ctx_t *x) {
       uint64_t age = tr_age(d->t_dump_ns, s->since_ns);
       if (p < 0 || !blocking(s, age))
         continue;
-      if (n == cap) {
-        size_t ncap = cap ? cap * 2 : 64;
-        tr_edge_t *ne = realloc(e, ncap * sizeof(*ne));
-        if (!ne) {
-          free(e);
-          return -ENOMEM;
-        }
-        e = ne;
-        cap = ncap;
+      if (edge_push(&e, &n, &cap,
+                    (tr_edge_t){.from = r, .to = p, .step = s, .age_ns = age, .nsteps = 1})) {
+        free(e);
+        return -ENOMEM;
       }
-      e[n++] = (tr_edge_t){.from = r, .to = p, .step = s, .age_ns = age, .nsteps = 1};
     }
+  }
+  if (split_edges(x, &e, &n, &cap)) {
+    free(e);
+    return -ENOMEM;
   }
   if (n)
     qsort(e, n, sizeof(*e), cmp_edges);
@@ -432,7 +475,7 @@ static int waiters_str(ctx_t *x, tr_buf_t *b, int culprit) {
   if (!w)
     return -ENOMEM;
   for (int r = 0; r < x->size; r++)
-    if (x->ri[r].in_coll && r != culprit)
+    if ((x->ri[r].in_coll || x->ri[r].out) && r != culprit) /* out alone: waits in a split */
       w[n++] = r;
   if (!n) {
     free(w);
@@ -450,7 +493,7 @@ static int waiters_str(ctx_t *x, tr_buf_t *b, int culprit) {
     if (shown == 3)
       continue;
     tr_bprintf(b, "%srank %d in '", shown ? ", " : "; ", e->from);
-    tr_step_str(b, e->step, x->size);
+    tr_edge_step_str(b, e, x->size);
     tr_bputs(b, "' for ");
     tr_dur_str(b, e->age_ns);
     shown++;
@@ -800,6 +843,20 @@ static int rule_cycle(ctx_t *x, tr_buf_t *b) {
     }
     tr_bprintf(b, "%s%d", i ? " -> " : "", d->cycle[i]);
   }
+  /* a wait of the cycle inside a split says where */
+  size_t shown = 0;
+  for (size_t k = 0; k + 1 < d->ncycle && shown < 2; k++)
+    for (size_t i = x->first[d->cycle[k]]; i < x->first[d->cycle[k] + 1]; i++) {
+      const tr_edge_t *e = &d->edges[i];
+      if (e->to != d->cycle[k + 1] || !e->via)
+        continue;
+      tr_bprintf(b, "%s rank %d waits on rank %d ", shown ? "," : " (of it,", e->from, e->to);
+      tr_edge_step_str(b, e, x->size);
+      shown++;
+      break;
+    }
+  if (shown)
+    tr_bputs(b, ")");
   return 1;
 }
 

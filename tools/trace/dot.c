@@ -97,7 +97,7 @@ static void wait_graph(out_t *o, const tr_diag_t *dg) {
     if (!show[e->from] || !show[e->to])
       continue;
     tr_buf_t l = {0};
-    tr_step_str(&l, e->step, c->size);
+    tr_edge_step_str(&l, e, c->size);
     tr_bputs(&l, "\n");
     tr_dur_str(&l, e->age_ns);
     if (e->nsteps > 1)

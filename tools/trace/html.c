@@ -285,7 +285,7 @@ static void waits(page_t *p) {
     const tr_dump_t *d = p->c->ranks[e->from].d;
     tr_bclear(&t);
     tr_bprintf(&t, "rank %d waits for rank %d: ", e->from, e->to);
-    tr_step_str(&t, e->step, p->c->size);
+    tr_edge_step_str(&t, e, p->c->size);
     tr_bputs(&t, ", ");
     tr_step_state_str(&t, e->step);
     tr_bputs(&t, " for ");

@@ -89,6 +89,8 @@ static int cmp_dumps(const void *a, const void *b) {
   const tr_file_t *x = *(tr_file_t *const *)a, *y = *(tr_file_t *const *)b;
   if (x->dump->comm_id != y->dump->comm_id)
     return x->dump->comm_id < y->dump->comm_id ? -1 : 1;
+  if (x->dump->sub_id != y->dump->sub_id)
+    return x->dump->sub_id < y->dump->sub_id ? -1 : 1;
   return strcmp(x->name, y->name);
 }
 
@@ -122,7 +124,69 @@ static int mode_size(tr_file_t *const *f, size_t n) {
   return best;
 }
 
-/* Groups the read dumps by communicator. */
+/* A split's members' ranks in its head, if every dump of it gives the same. */
+static const uint32_t *split_world_of(const tr_comm_t *c) {
+  const uint32_t *w = NULL;
+  for (int r = 0; r < c->size; r++) {
+    const tr_dump_t *d = c->ranks[r].d;
+    if (!d)
+      continue;
+    if (d->n_world_of != (size_t)c->size ||
+        (w && memcmp(w, d->world_of, (size_t)c->size * sizeof(*w))))
+      return NULL;
+    w = d->world_of;
+  }
+  return w;
+}
+
+/* Splits move from comms to splits, each a kid of the communicator of its
+ * id that heads its family; one whose head left no dump stays in comms. */
+static int adopt(tr_set_t *set) {
+  size_t nsplit = 0, nhead = 0;
+  for (size_t i = 0; i < set->ncomms; i++)
+    if (set->comms[i].sub_id)
+      nsplit++;
+  if (!nsplit)
+    return 0;
+  tr_comm_t *heads = calloc(set->ncomms, sizeof(*heads));
+  tr_comm_t *splits = calloc(nsplit, sizeof(*splits));
+  if (!heads || !splits) {
+    free(heads);
+    free(splits);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < set->ncomms; i++) {
+    tr_comm_t *c = &set->comms[i];
+    bool has_head = false;
+    for (size_t k = 0; c->sub_id && k < set->ncomms; k++)
+      has_head |= !set->comms[k].sub_id && set->comms[k].id == c->id;
+    if (c->sub_id && has_head) {
+      c->world_of = split_world_of(c);
+      splits[set->nsplits++] = *c;
+    } else {
+      heads[nhead++] = *c;
+    }
+  }
+  free(set->comms);
+  set->comms = heads;
+  set->ncomms = nhead;
+  set->splits = splits;
+  for (size_t i = 0; i < set->ncomms; i++) {
+    tr_comm_t *h = &set->comms[i];
+    for (size_t k = 0; !h->sub_id && k < set->nsplits; k++) {
+      if (set->splits[k].id != h->id)
+        continue;
+      tr_comm_t **nk = realloc(h->kids, (h->nkids + 1) * sizeof(*nk));
+      if (!nk)
+        return -ENOMEM;
+      h->kids = nk;
+      h->kids[h->nkids++] = &set->splits[k];
+    }
+  }
+  return 0;
+}
+
+/* Groups the read dumps by communicator (and split). */
 static int group(tr_set_t *set, FILE *log) {
   size_t n = 0;
   tr_file_t **by = calloc(set->nfiles ? set->nfiles : 1, sizeof(*by));
@@ -139,10 +203,12 @@ static int group(tr_set_t *set, FILE *log) {
   }
   for (size_t i = 0; i < n;) {
     size_t j = i;
-    while (j < n && by[j]->dump->comm_id == by[i]->dump->comm_id)
+    while (j < n && by[j]->dump->comm_id == by[i]->dump->comm_id &&
+           by[j]->dump->sub_id == by[i]->dump->sub_id)
       j++;
     tr_comm_t *c = &set->comms[set->ncomms];
     c->id = by[i]->dump->comm_id;
+    c->sub_id = by[i]->dump->sub_id;
     c->size = mode_size(by + i, j - i);
     if (c->size < 0) {
       free(by);
@@ -175,7 +241,7 @@ static int group(tr_set_t *set, FILE *log) {
     i = j;
   }
   free(by);
-  return 0;
+  return adopt(set);
 }
 
 int tr_load(const char *dir, tr_set_t *set, FILE *log) {
@@ -274,9 +340,14 @@ out_names:
 }
 
 void tr_set_free(tr_set_t *set) {
-  for (size_t i = 0; i < set->ncomms; i++)
+  for (size_t i = 0; i < set->ncomms; i++) {
     free(set->comms[i].ranks);
+    free(set->comms[i].kids);
+  }
   free(set->comms);
+  for (size_t i = 0; i < set->nsplits; i++)
+    free(set->splits[i].ranks);
+  free(set->splits);
   for (size_t i = 0; i < set->nfiles; i++) {
     if (set->files[i].dump)
       chorus__trace__dump__free_unpacked(set->files[i].dump, NULL);

@@ -54,7 +54,7 @@ void tr_print_graph(const tr_diag_t *d, FILE *f, bool all) {
       break;
     }
     tr_bclear(&b);
-    tr_step_str(&b, e->step, c->size);
+    tr_edge_step_str(&b, e, c->size);
     tr_bputs(&b, ", ");
     tr_step_state_str(&b, e->step);
     tr_bputs(&b, " for ");

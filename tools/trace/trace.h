@@ -42,6 +42,8 @@ typedef Chorus__Trace__Checkpoint tr_ckpt_t;
 #define TR_STALL_MIN_NS 1000000000ull
 #define TR_STALL_FACTOR 4
 
+struct tr_edge;
+
 /* ---- a growing string ---- */
 typedef struct tr_buf {
   char *p; /* NUL-terminated; NULL until the first append */
@@ -77,6 +79,9 @@ const char *tr_peer_state_name(int st);  /* "LOST" */
 void tr_call_str(tr_buf_t *b, const tr_call_t *c);
 /* "RECV chunk 2 from rank 2", "REDUCE chunk 0" */
 void tr_step_str(tr_buf_t *b, const tr_step_t *s, int size);
+/* An edge's step: tr_step_str, or in a split "in the split of ranks 0,2
+ * (#3 allreduce(...)): RECV chunk 0 from its rank 1" */
+void tr_edge_step_str(tr_buf_t *b, const struct tr_edge *e, int size);
 /* "POSTED", "FAILED (Connection reset by peer)" */
 void tr_step_state_str(tr_buf_t *b, const tr_step_t *s);
 /* "12.4 s", "340 ms", "85 us" */
@@ -95,6 +100,14 @@ typedef struct tr_comm {
   int size;
   tr_rank_t *ranks; /* [size] */
   int ndumps;
+  /* A split (chorus_comm_split): its sub_id (0: not one) and each member's
+   * rank in its family's head, the communicator of the same id (NULL where
+   * its dumps disagree or give none). */
+  uint64_t sub_id;
+  const uint32_t *world_of;
+  /* A head: the splits of its family, whose waits join its wait-for graph */
+  struct tr_comm **kids;
+  size_t nkids;
 } tr_comm_t;
 
 typedef struct tr_file {
@@ -105,8 +118,10 @@ typedef struct tr_file {
 typedef struct tr_set {
   tr_file_t *files;
   size_t nfiles;
-  tr_comm_t *comms; /* by id, ascending */
+  tr_comm_t *comms; /* by id, ascending: communicators, and splits whose head left no dump */
   size_t ncomms;
+  tr_comm_t *splits; /* splits of the communicators in comms (their kids) */
+  size_t nsplits;
   size_t nskipped; /* files not used (malformed, duplicate, inconsistent) */
 } tr_set_t;
 
@@ -164,6 +179,7 @@ const char *tr_kind_name(tr_kind k); /* "diverged", ... */
 typedef struct tr_edge {
   int from, to;
   const tr_step_t *step;
+  const tr_comm_t *via; /* the split the step is in (its ranks there), NULL: this communicator */
   uint64_t age_ns;
   uint32_t nsteps;
   bool in_cycle;

@@ -290,6 +290,45 @@ void tr_step_str(tr_buf_t *b, const tr_step_t *s, int size) {
     tr_bprintf(b, valid ? " from rank %d" : " from rank %d?", (int)s->peer);
 }
 
+static int cmp_int(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
+void tr_edge_step_str(tr_buf_t *b, const tr_edge_t *e, int size) {
+  const tr_comm_t *v = e->via;
+  if (!v || !v->world_of) {
+    tr_step_str(b, e->step, size);
+    return;
+  }
+  int *ranks = malloc((size_t)v->size * sizeof(*ranks));
+  int me = -1;
+  for (int m = 0; m < v->size; m++) {
+    if (ranks)
+      ranks[m] = (int)v->world_of[m];
+    if ((int)v->world_of[m] == e->from)
+      me = m;
+  }
+  tr_bputs(b, "in the split of ranks ");
+  if (ranks) {
+    qsort(ranks, (size_t)v->size, sizeof(*ranks), cmp_int);
+    tr_ranks_str(b, ranks, (size_t)v->size, 16);
+    free(ranks);
+  }
+  const tr_call_t *call = me >= 0 ? tr_call_at(v->ranks[me].d, e->step->seq) : NULL;
+  if (call) {
+    tr_bprintf(b, " (its #%llu ", (unsigned long long)e->step->seq);
+    tr_call_str(b, call);
+    tr_bputs(b, ")");
+  }
+  int kind = (int)e->step->kind, p = e->step->peer;
+  tr_bprintf(b, ": %s chunk %u", tr_step_kind_name(kind), (unsigned)e->step->chunk);
+  if (p >= 0 && p < v->size &&
+      (kind == CHORUS__TRACE__STEP_KIND__STEP_SEND || kind == CHORUS__TRACE__STEP_KIND__STEP_RECV))
+    tr_bprintf(b, " %s rank %d", kind == CHORUS__TRACE__STEP_KIND__STEP_SEND ? "to" : "from",
+               (int)v->world_of[p]);
+}
+
 void tr_step_state_str(tr_buf_t *b, const tr_step_t *s) {
   tr_bputs(b, tr_state_name((int)s->state));
   if (s->state == CHORUS__TRACE__STEP_STATE__STATE_FAILED && s->error)
