@@ -13,7 +13,14 @@
  *           blocking receives) while the others enter the allreduce: every
  *           rank fails with the cycle, its members and the calls they wait in;
  *   p2p-coll at step 2 the culprit receives from rank 0, which is in the
- *           allreduce waiting for it: the cycle runs through the collective.
+ *           allreduce waiting for it: the cycle runs through the collective;
+ *   root    at step 2 the culprit broadcasts from itself while the others
+ *           broadcast from rank 0: its messages go to ranks that expect
+ *           another sender and are never received, so ranks whose part
+ *           completes without them return success and go on (then calling
+ *           barriers); every rank fails with CHORUS_ERR_MISMATCH naming the
+ *           culprit and its root within two periods of that broadcast (a
+ *           rank that got the culprit's message at once, in its own words).
  *
  * CHORUS_TIMEOUT is long enough (TIMEOUT_S) that any of these judged at the
  * timeout fails the test; each rank prints its seconds to the verdict.
@@ -38,9 +45,9 @@
 #define STEPS 4
 #define GRAD 4096
 
-enum scenario { SC_LEAVE, SC_EXTRA, SC_P2P, SC_P2P_COLL };
+enum scenario { SC_LEAVE, SC_EXTRA, SC_P2P, SC_P2P_COLL, SC_ROOT };
 
-static const char *const sc_name[] = {"leave", "extra", "p2p", "p2p-coll"};
+static const char *const sc_name[] = {"leave", "extra", "p2p", "p2p-coll", "root"};
 
 typedef struct args {
   enum scenario sc;
@@ -70,7 +77,7 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
   static float grad[GRAD], params[64];
   chorus_comm_t *c;
   chorus_result rc = chorus_comm_init(&c, rank, size, addr);
-  double t_call = 0, t0;
+  double t_call = 0, t_root = 0, t0;
 
   if (rc) {
     fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
@@ -100,8 +107,18 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
       break;
     }
     rc = chorus_allreduce(c, grad, grad, GRAD, CHORUS_FLOAT32, CHORUS_SUM);
+    if (step == 2 && a->sc == SC_ROOT)
+      t_root = now_s();
     if (!rc)
-      rc = chorus_bcast(c, params, params, 64, CHORUS_FLOAT32, 0);
+      rc = chorus_bcast(c, params, params, 64, CHORUS_FLOAT32,
+                        step == 2 && a->sc == SC_ROOT && culprit ? rank : 0);
+  }
+  if (a->sc == SC_ROOT) { /* whoever returned success goes on calling until the verdict */
+    while (!rc && now_s() - t_root < BOUND_S + 2) {
+      usleep(10000);
+      rc = chorus_barrier(c);
+    }
+    t_call = t_root;
   }
   if (!rc && a->sc == SC_EXTRA && culprit) {
     t_call = now_s();
@@ -119,9 +136,9 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
               chorus_strerror(rc), msg);
       bad = 1;
     }
-  } else if (rc != CHORUS_ERR_DIVERGED) {
-    fprintf(stderr, "rank %d (%s): got %s, expected CHORUS_ERR_DIVERGED: %s\n", rank, sc,
-            chorus_strerror(rc), msg);
+  } else if (rc != (a->sc == SC_ROOT ? CHORUS_ERR_MISMATCH : CHORUS_ERR_DIVERGED)) {
+    fprintf(stderr, "rank %d (%s): got %s, expected %s: %s\n", rank, sc, chorus_strerror(rc),
+            a->sc == SC_ROOT ? "CHORUS_ERR_MISMATCH" : "CHORUS_ERR_DIVERGED", msg);
     bad = 1;
   } else if (took > BOUND_S) {
     fprintf(stderr, "rank %d (%s): judged after %.2f s, not within two periods: %s\n", rank, sc,
@@ -148,6 +165,13 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
       want[0] = "deadlock";
       want[1] = a0;
       want[2] = a1;
+      break;
+    case SC_ROOT:
+      /* the verdict, or the own words of a rank whose parent was the culprit */
+      snprintf(a0, sizeof(a0), "rank %d called bcast(", a->culprit);
+      snprintf(a1, sizeof(a1), "root %d, ", a->culprit);
+      want[0] = a0;
+      want[1] = a1;
       break;
     case SC_P2P_COLL:
       snprintf(a0, sizeof(a0), "rank %d waits in recv from rank 0", a->culprit);
@@ -215,6 +239,9 @@ TestSuite(hangs, .timeout = 120);
   }                                                                                                \
   Test(hangs, prov##_##n##_p2p_through_collective) {                                               \
     run(#prov, n, SC_P2P_COLL);                                                                    \
+  }                                                                                                \
+  Test(hangs, prov##_##n##_bcast_roots_differ) {                                                   \
+    run(#prov, n, SC_ROOT);                                                                        \
   }
 
 SCENARIOS(shm, 4)
