@@ -941,11 +941,25 @@ static void on_watch_message(struct srv_conn *c, envelope_t *env) {
   }
 }
 
+/* Into the kernel at once where nothing is queued before it: a verdict must
+ * reach every rank even when rank 0's process exits right after its own
+ * copy made it fail (an application that exits on the error without
+ * destroying): the event loop's write would never come, and the others
+ * would read only "rank 0 is lost". */
 static void ws_send(void *arg, int rank, const uint8_t *frame, size_t len) {
   struct boot_server *srv = arg;
   struct srv_conn *c = srv->watch_by_rank ? srv->watch_by_rank[rank] : NULL;
 
-  if (c && c->state == CONN_JOINED)
+  if (!c || c->state != CONN_JOINED)
+    return;
+  if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+    ssize_t n = send(bufferevent_getfd(c->bev), frame, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      frame += n;
+      len -= (size_t)n;
+    }
+  }
+  if (len)
     bufferevent_write(c->bev, frame, len);
 }
 
