@@ -105,6 +105,8 @@ int dump_write(chorus_comm_t *c, const char *dir, int reason, int culprit, int s
   }
 
   Chorus__Trace__Checkpoint ck = CHORUS__TRACE__CHECKPOINT__INIT;
+  /* destroying first: once set no call begins, so last_begun is then the last (as in beats) */
+  ck.destroying = atomic_load(&c->ckpt.destroying);
   pthread_mutex_lock(&c->ckpt.lock);
   ck.last_begun = c->ckpt.last_begun;
   ck.last_finished = c->ckpt.last_finished;

@@ -24,6 +24,7 @@
  *
  * CHORUS_TIMEOUT is long enough (TIMEOUT_S) that any of these judged at the
  * timeout fails the test; each rank prints its seconds to the verdict.
+ * chorus-trace, given the job's dumps, must say the same as the verdict.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -31,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -202,14 +204,71 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
   return bad;
 }
 
+/* chorus-trace's diagnosis line from the job's dumps agrees with the verdict. */
+static void check_trace(const char *dir, int size, enum scenario sc, const char *what) {
+  char cmd[600], out[16384], w[3][96];
+  const int c = size - 2;
+  const char *want[4] = {NULL};
+
+  snprintf(cmd, sizeof(cmd), "%s/tools/chorus-trace '%s' 2>&1", CHORUS_BUILD_DIR, dir);
+  FILE *p = popen(cmd, "r");
+  cr_assert(p);
+  size_t got = fread(out, 1, sizeof(out) - 1, p);
+  out[got] = '\0';
+  int st = pclose(p);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: chorus-trace found no culprit:\n%s", what,
+            out);
+  char *nl = strchr(out, '\n');
+  if (nl)
+    *nl = '\0'; /* the diagnosis line */
+  switch (sc) {
+  case SC_LEAVE:
+    snprintf(w[0], sizeof(w[0]), "rank %d destroyed the communicator", c);
+    snprintf(w[1], sizeof(w[1]), "rank %d diverged (it made fewer calls: it left)", c);
+    break;
+  case SC_EXTRA:
+    snprintf(w[0], sizeof(w[0]), "rank %d called #", c);
+    snprintf(w[1], sizeof(w[1]), "rank %d diverged (it called after the others left", c);
+    break;
+  case SC_P2P: /* "deadlock cycle 6 -> 7 -> 6", either way round */
+    snprintf(w[0], sizeof(w[0]), "deadlock cycle ");
+    snprintf(w[1], sizeof(w[1]), "%d -> %d", c, c + 1);
+    snprintf(w[2], sizeof(w[2]), "%d -> %d", c + 1, c);
+    break;
+  case SC_P2P_COLL: /* through the collective: the culprit's receive from rank 0 */
+    snprintf(w[0], sizeof(w[0]), "deadlock cycle ");
+    snprintf(w[1], sizeof(w[1]), "%d -> 0", c);
+    snprintf(w[2], sizeof(w[2]), "%d -> 0", c);
+    break;
+  case SC_ROOT:
+    snprintf(w[0], sizeof(w[0]), "root differs");
+    snprintf(w[1], sizeof(w[1]), "mismatched call at rank %d", c);
+    snprintf(w[2], sizeof(w[2]), "mismatched call at rank %d", c);
+    break;
+  }
+  want[0] = w[0];
+  want[1] = w[1];
+  cr_assert(strstr(out, want[0]) && (strstr(out, want[1]) || (w[2][0] && strstr(out, w[2]))),
+            "%s: chorus-trace disagrees with the verdict (wants \"%s\" and \"%s\"):\n%s", what,
+            want[0], want[1], out);
+  cr_assert(!strstr(out, "rank 0 diverged"), "%s: chorus-trace blames rank 0:\n%s", what, out);
+  cr_log_info("%s: chorus-trace: %s", what, out);
+}
+
 static void run(const char *prov, int size, enum scenario sc) {
   args_t a = {.sc = sc, .culprit = size - 2};
-  char env_prov[64], env_timeout[64];
+  char env_prov[64], env_timeout[64], env_dir[300], dir[256], cmd[300];
 
+  snprintf(dir, sizeof(dir), "/tmp/chorus-hangs-%d-%s-%d-%s", (int)getpid(), prov, size,
+           sc_name[sc]);
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
+  snprintf(env_dir, sizeof(env_dir), "CHORUS_TRACE_DIR=%s", dir);
   snprintf(env_prov, sizeof(env_prov), "CHORUS_PROVIDER=%s", prov);
   snprintf(env_timeout, sizeof(env_timeout), "CHORUS_TIMEOUT=%d", TIMEOUT_S);
   const char *envs[] = {env_prov,
                         env_timeout,
+                        env_dir,
                         "CHORUS_PEER_TIMEOUT=8",
                         "CHORUS_WATCHDOG_MS=200",
                         "CHORUS_CONNECT_TIMEOUT=60",
@@ -223,6 +282,11 @@ static void run(const char *prov, int size, enum scenario sc) {
                  sc_name[sc], i, r.status[i]);
   cr_assert_eq(mp_count_dev_shm_of(&r, size), 0, "%s %d ranks %s: /dev/shm files left behind", prov,
                size, sc_name[sc]);
+  char label[96];
+  snprintf(label, sizeof(label), "%s %d ranks %s", prov, size, sc_name[sc]);
+  check_trace(dir, size, sc, label);
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
 }
 
 TestSuite(hangs, .timeout = 120);

@@ -12,6 +12,9 @@
  *      call; another collective -> that rank diverged
  *   2. a rank others wait on left no dump, dumped on a fatal error, or is
  *      seen lost by a peer -> lost
+ *   2b. ranks that destroyed the communicator before a call others are in
+ *      (the watchdog's endings rule) -> those who left, or the callers'
+ *      extra call
  *   3. a rank others wait on that waits on nobody (a root of the graph):
  *        not in a collective, last call before #k -> diverged (skipped #k)
  *        in an earlier collective, or in #k without waiting -> stalled
@@ -732,6 +735,77 @@ static int rule_lost(ctx_t *x, tr_buf_t *b) {
   return 1;
 }
 
+/* Endings, as the watchdog judges them: ranks that destroyed the
+ * communicator before the lowest call another rank is in, against the ranks
+ * in it. More callers than ended (and undecided) ranks: the ended ones left
+ * early; more ended: the callers made an extra call; a tie: those who left. */
+static int rule_ends(ctx_t *x, tr_buf_t *b) {
+  uint64_t S = 0;
+  for (int r = 0; r < x->size; r++)
+    if (x->ri[r].in_coll && !is_lost(x, r) && (!S || x->ri[r].cur < S))
+      S = x->ri[r].cur;
+  if (!S)
+    return 0;
+  int *ended = malloc((size_t)x->size * sizeof(int)),
+      *called = malloc((size_t)x->size * sizeof(int));
+  size_t ne = 0, nc = 0, nu = 0;
+  if (!ended || !called) {
+    free(ended);
+    free(called);
+    return -ENOMEM;
+  }
+  for (int r = 0; r < x->size; r++) {
+    const tr_ckpt_t *ck = tr_ckpt(x->ri[r].d);
+    if (is_lost(x, r))
+      continue;
+    if (!ck)
+      nu++;
+    else if (tr_last_begun(x->ri[r].d) >= S)
+      called[nc++] = r;
+    else if (ck->destroying)
+      ended[ne++] = r;
+    else
+      nu++;
+  }
+  int rc = 0;
+  if (!ne || !nc)
+    goto out;
+  bool left = nc > ne + nu, extra = ne > nc + nu;
+  if (!left && !extra)
+    left = nc >= ne;
+  tr_diag_t *d = x->d;
+  d->kind = TR_DIVERGED;
+  d->seq = S;
+  d->call = call_of_waiters(x, S, -1);
+  uint64_t last = tr_last_begun(x->ri[ended[0]].d);
+  head(x, b);
+  if (left) {
+    d->culprit = ended[0];
+    if ((rc = waiters_str(x, b, -1)))
+      goto out;
+    tr_bputs(b, "; ");
+    rank_list(b, ended, ne, "destroyed", "destroyed");
+    tr_bprintf(b, " the communicator after #%llu and will never call #%llu: ",
+               (unsigned long long)last, (unsigned long long)S);
+    rank_list(b, ended, ne, "diverged", "diverged");
+    tr_bputs(b, " (it made fewer calls: it left)");
+  } else {
+    d->culprit = called[0];
+    rank_list(b, called, nc, "called", "called");
+    tr_bprintf(b, " #%llu after ", (unsigned long long)S);
+    rank_list(b, ended, ne, "destroyed", "destroyed");
+    tr_bprintf(b, " the communicator (%s last call: #%llu): ", ne == 1 ? "its" : "their",
+               (unsigned long long)last);
+    rank_list(b, called, nc, "diverged", "diverged");
+    tr_bputs(b, " (it called after the others left: an extra call)");
+  }
+  rc = 1;
+out:
+  free(ended);
+  free(called);
+  return rc;
+}
+
 static int rule_root(ctx_t *x, tr_buf_t *b) {
   int best = -1;
   for (int r = 0; r < x->size; r++) {
@@ -970,8 +1044,8 @@ int tr_diagnose(const tr_comm_t *c, tr_diag_t *out) {
   rank_info(&x);
   if ((rc = build_edges(&x)) || (rc = find_cycle(&x)))
     goto out;
-  static int (*const rules[])(ctx_t *, tr_buf_t *) = {rule_conflict, rule_lost,  rule_root,
-                                                      rule_stale,    rule_cycle, rule_blamed};
+  static int (*const rules[])(ctx_t *, tr_buf_t *) = {
+      rule_conflict, rule_lost, rule_ends, rule_root, rule_stale, rule_cycle, rule_blamed};
   rc = 0;
   for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]) && rc == 0; i++) {
     tr_bclear(&b);
