@@ -527,6 +527,28 @@ static void trace_seeds(void) {
     put_dump(&b, d, 0);
     save("fuzz_trace_load", &n, b.data, b.len);
   }
+  { /* a split of both ranks (sub_id 0x51): rank 0 waits in it for rank 1,
+       which waits in the world's #42 for rank 0 */
+    static const uint32_t both[] = {1, 0};
+    struct buf b = {.len = 0};
+    for (int k = 0; k < 4; k++) {
+      int r = k % 2;
+      tf_dump_t *d = job_rank(13, k < 2 ? r : 1 - r, 2, 3000);
+      if (k == 1)
+        in_42(d, 1, 2, 2990);
+      else if (k == 2) {
+        tf_split(d, 0x51, both, 2);
+        in_42(d, 0, 2, 2990);
+      } else {
+        if (k == 3)
+          tf_split(d, 0x51, both, 2);
+        tf_where(d, 41, 41, false, L(r, 180));
+        tf_msg(d)->checkpoint->destroying = k == 3;
+      }
+      put_dump(&b, d, 0);
+    }
+    save("fuzz_trace_load", &n, b.data, b.len);
+  }
   { /* one rank of a large communicator, every other rank without a dump */
     struct buf b = {.len = 0};
     tf_dump_t *d = job_rank(6, 5, 64, 2000);

@@ -333,6 +333,63 @@ __attribute__((unused)) static void scenario_cycle(const char *dir) {
   }
 }
 
+/* 4 ranks split by parity (the split of ranks 0,2: sub_id 0x51): rank 2
+ * skipped the split's #3 and waits in the world's #3 for rank 0, which waits
+ * in the split's #3 for it; ranks 1 and 3 wait in the world's #3 too. */
+__attribute__((unused)) static void scenario_split_deadlock(const char *dir) {
+  static const uint32_t evens[] = {0, 2};
+  for (int r = 0; r < 4; r++) {
+    char name[32];
+    tf_dump_t *d = tf_new(0, r, 4, L(r, 2400), off_of(r));
+    tf_call(d, 2, TF_ALLREDUCE, TF_FLOAT32, 4096, TF_SUM, -1, L(r, 100), L(r, 120));
+    if (r == 0) { /* in the split: the world's #2 is its last */
+      tf_where(d, 2, 2, false, L(r, 2390));
+    } else {
+      tf_call(d, 3, TF_ALLREDUCE, TF_FLOAT32, 4096, TF_SUM, -1, L(r, 200), 0);
+      tf_where(d, 3, 2, true, L(r, 2390));
+      tf_step(d, 3, 0, TF_RECV, TF_POSTED, r == 3 ? 1 : 0, 0, L(r, 210));
+    }
+    snprintf(name, sizeof(name), "rank-%d", r);
+    write_dump(d, dir, name);
+  }
+  for (int m = 0; m < 2; m++) {
+    char name[32];
+    int r = (int)evens[m];
+    tf_dump_t *d = tf_new(0, m, 2, L(r, 2400), off_of(r));
+    tf_split(d, 0x51, evens, 2);
+    tf_call(d, 2, TF_ALLREDUCE, TF_FLOAT32, 4096, TF_SUM, -1, L(r, 130), L(r, 150));
+    if (m == 0) {
+      tf_call(d, 3, TF_ALLREDUCE, TF_FLOAT32, 4096, TF_SUM, -1, L(r, 160), 0);
+      tf_where(d, 3, 2, true, L(r, 2390));
+      tf_step(d, 3, 0, TF_RECV, TF_POSTED, 1, 0, L(r, 170));
+    } else {
+      tf_where(d, 2, 2, false, L(r, 2390));
+    }
+    snprintf(name, sizeof(name), "rank-%d-split", r);
+    write_dump(d, dir, name);
+  }
+}
+
+/* 4 ranks: 0, 1 and 3 destroyed the communicator after #8; rank 2 called
+ * #9 and waits in it for rank 0. */
+__attribute__((unused)) static void scenario_extra_call(const char *dir) {
+  for (int r = 0; r < 4; r++) {
+    char name[32];
+    tf_dump_t *d = tf_new(0, r, 4, L(r, 900), off_of(r));
+    tf_call(d, 8, TF_BCAST, TF_FLOAT32, 64, 0, 0, L(r, 100), L(r, 110));
+    if (r == 2) {
+      tf_call(d, 9, TF_ALLREDUCE, TF_FLOAT32, 4096, TF_SUM, -1, L(r, 200), 0);
+      tf_where(d, 9, 8, true, L(r, 890));
+      tf_step(d, 9, 0, TF_RECV, TF_POSTED, 0, 0, L(r, 210));
+    } else {
+      tf_where(d, 8, 8, false, L(r, 890));
+      tf_msg(d)->checkpoint->destroying = true;
+    }
+    snprintf(name, sizeof(name), "rank-%d", r);
+    write_dump(d, dir, name);
+  }
+}
+
 /* 2 ranks, both done with #5: nothing is wrong. */
 __attribute__((unused)) static void scenario_healthy(const char *dir, uint32_t comm) {
   for (int r = 0; r < 2; r++) {
@@ -738,6 +795,37 @@ Test(chorus_trace, wait_cycle_without_a_culprit) {
   run_t r = run_on(&t, t.dumps, (const char *)NULL);
   assert_has(r.out, "\ncycle: rank 0 -> rank 1 -> rank 0\n");
   run_free(&r);
+  tdir_free(&t);
+}
+
+Test(chorus_trace, deadlock_through_a_split_is_a_cycle_in_world_ranks) {
+  tdir_t t = tdir_new();
+  scenario_split_deadlock(t.dumps);
+  char *line = run_all_outputs(&t, 0, -1, false);
+  assert_has(line, "collective #3 allreduce(float32, 4096, sum): ranks 0-3 wait; rank 0 in 'in the "
+                   "split of ranks 0,2 (its #3 allreduce(float32, 4096, sum)): RECV chunk 0 from "
+                   "rank 2' for 2.2 s");
+  assert_has(line, ": deadlock cycle 0 -> 2 -> 0 (of it, rank 0 waits on rank 2 in the split of "
+                   "ranks 0,2 (its #3 allreduce(float32, 4096, sum)): RECV chunk 0 from rank 2)");
+  free(line);
+  run_t r = run_on(&t, t.dumps, (const char *)NULL);
+  assert_has(r.out, "\nwait-for graph (comm 0: 4 ranks, 4 dumps, 4 edges):\n");
+  assert_has(r.out, "  rank 0 -> rank 2: in the split of ranks 0,2 (its #3 allreduce(float32, "
+                    "4096, sum)): RECV chunk 0 from rank 2, POSTED for 2.2 s  [cycle]\n");
+  cr_assert_null(strstr(r.out, "diverged"), "a rank blamed:\n%s", r.out);
+  run_free(&r);
+  tdir_free(&t);
+}
+
+Test(chorus_trace, extra_call_after_the_others_destroyed_names_the_caller) {
+  tdir_t t = tdir_new();
+  scenario_extra_call(t.dumps);
+  char *line = run_all_outputs(&t, 0, 2, false);
+  cr_assert_str_eq(line,
+                   "collective #9 allreduce(float32, 4096, sum): rank 2 called #9 after ranks "
+                   "0,1,3 destroyed the communicator (their last call: #8): rank 2 diverged "
+                   "(it called after the others left: an extra call)");
+  free(line);
   tdir_free(&t);
 }
 

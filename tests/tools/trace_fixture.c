@@ -103,6 +103,16 @@ Chorus__Trace__Call *tf_call(tf_dump_t *d, uint64_t seq, int kind, int dtype, ui
   return c;
 }
 
+void tf_split(tf_dump_t *d, uint64_t sub_id, const uint32_t *world_of, int n) {
+  uint32_t *w = keep(d, malloc((size_t)(n > 0 ? n : 1) * sizeof(*w)));
+  if (!w)
+    return;
+  memcpy(w, world_of, (size_t)n * sizeof(*w));
+  d->dump.sub_id = sub_id;
+  d->dump.n_world_of = (size_t)n;
+  d->dump.world_of = w;
+}
+
 void tf_where(tf_dump_t *d, uint64_t last_begun, uint64_t last_finished, bool in_collective,
               uint64_t progress_ns) {
   d->ckpt.last_begun = last_begun;

@@ -51,6 +51,8 @@ typedef struct tf_dump tf_dump_t;
 /* A dump of `rank` of a communicator of `size`, written at t_dump (this
  * rank's clock, ns), whose clock is rank 0's minus clock_offset_ns. */
 tf_dump_t *tf_new(uint32_t comm, int rank, int size, uint64_t t_dump, int64_t clock_offset_ns);
+/* A split's dump: its sub_id and each member's rank in its family's head. */
+void tf_split(tf_dump_t *d, uint64_t sub_id, const uint32_t *world_of, int n);
 /* The message itself, to set what the helpers do not. */
 Chorus__Trace__Dump *tf_msg(tf_dump_t *d);
 /* A call of the checkpoint's recent list (end 0: not finished). */
