@@ -204,7 +204,8 @@ int main(int argc, char **argv) {
     if (!show[i])
       continue;
     if (prefix)
-      printf("comm %u: ", (unsigned)set.comms[i].id);
+      printf(set.comms[i].sub_id ? "comm %u split %llx: " : "comm %u: ", (unsigned)set.comms[i].id,
+             (unsigned long long)set.comms[i].sub_id);
     printf("%s\n", diags[i].text);
   }
   for (size_t k = 0; k <= set.ncomms; k++) {

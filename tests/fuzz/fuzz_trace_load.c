@@ -95,20 +95,28 @@ static void write_piece(int i, const uint8_t *p, size_t len) {
 }
 
 static void check_set(const tr_set_t *set, int nfiles) {
-  if (set->nfiles != (size_t)nfiles || set->nskipped > set->nfiles || set->ncomms > set->nfiles)
+  if (set->nfiles != (size_t)nfiles || set->nskipped > set->nfiles ||
+      set->ncomms + set->nsplits > set->nfiles)
     abort();
   for (size_t i = 0; i < set->ncomms; i++) {
     const tr_comm_t *c = &set->comms[i];
 
+    const tr_comm_t *prev = i ? &set->comms[i - 1] : NULL;
+    /* by (id, sub_id): a split whose head left no dump stays among them */
     if (c->size < 1 || c->size > TR_MAX_RANKS || c->ndumps < 1 || c->ndumps > c->size ||
-        (i && c->id <= set->comms[i - 1].id))
+        (prev && (c->id < prev->id || (c->id == prev->id && c->sub_id <= prev->sub_id))))
       abort();
+    for (size_t k = 0; k < c->nkids; k++)
+      if (c->sub_id || c->kids[k] < set->splits || c->kids[k] >= set->splits + set->nsplits ||
+          c->kids[k]->id != c->id || !c->kids[k]->sub_id)
+        abort();
     for (int r = 0, n = 0; r < c->size; r++) {
       const tr_dump_t *d = c->ranks[r].d;
 
       if (!d)
         continue;
-      if (d->rank != r || d->size != c->size || d->comm_id != c->id || !c->ranks[r].file)
+      if (d->rank != r || d->size != c->size || d->comm_id != c->id || d->sub_id != c->sub_id ||
+          !c->ranks[r].file)
         abort();
       if (++n > c->ndumps)
         abort();

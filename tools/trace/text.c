@@ -43,8 +43,10 @@ void tr_print_graph(const tr_diag_t *d, FILE *f, bool all) {
     in[d->edges[i].to]++;
     out[d->edges[i].from]++;
   }
-  fprintf(f, "wait-for graph (comm %u: %d ranks, %d dumps, %zu edges):\n", (unsigned)c->id, c->size,
-          c->ndumps, d->nedges);
+  fprintf(f, "wait-for graph (comm %u", (unsigned)c->id);
+  if (c->sub_id) /* a split whose head left no dump */
+    fprintf(f, " split %llx", (unsigned long long)c->sub_id);
+  fprintf(f, ": %d ranks, %d dumps, %zu edges):\n", c->size, c->ndumps, d->nedges);
   if (!d->nedges)
     fprintf(f, "  no rank waits on another\n");
   for (size_t i = 0; i < d->nedges; i++) {
