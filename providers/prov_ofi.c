@@ -496,7 +496,28 @@ static void ofi_rxd_window_env(void) {
   setenv("FI_OFI_RXD_MAX_UNACKED", v, 0);
 }
 
-static int ofi_getinfo(const char *prov, uint64_t caps, struct fi_info **out) {
+/* The address a socket-based provider should listen on: the engine's
+ * choice for the job (cfg->sock_addr: loopback for a job on one host, else
+ * the address this rank reached the rendezvous from), unless the user named
+ * an interface to libfabric itself (FI_TCP_IFACE and the like) or to Chorus
+ * (CHORUS_SOCK_IFACE). NULL: libfabric's own choice (its first interface
+ * up, which may be one the job never asked for). */
+static const char *ofi_source(const prov_config_t *cfg) {
+  static const struct {
+    const char *user, *env;
+  } iface[] = {{"tcp", "FI_TCP_IFACE"}, {"udp", "FI_UDP_IFACE"}, {"sockets", "FI_SOCKETS_IFACE"}};
+  for (size_t i = 0; i < sizeof(iface) / sizeof(iface[0]); i++) {
+    if (strcmp(cfg->name, iface[i].user) != 0)
+      continue;
+    const char *e = getenv(iface[i].env);
+    if ((e && *e) || (cfg->iface && *cfg->iface) || !cfg->sock_addr || !*cfg->sock_addr)
+      return NULL;
+    return cfg->sock_addr;
+  }
+  return NULL;
+}
+
+static int ofi_getinfo(const char *prov, uint64_t caps, const char *node, struct fi_info **out) {
   struct fi_info *hints = fi_allocinfo();
   int rc;
 
@@ -517,7 +538,9 @@ static int ofi_getinfo(const char *prov, uint64_t caps, struct fi_info **out) {
     fi_freeinfo(hints);
     return -FI_ENOMEM;
   }
-  rc = fi_getinfo(OFI_API_VERSION, NULL, NULL, 0, hints, out);
+  rc = fi_getinfo(OFI_API_VERSION, node, NULL, node ? FI_SOURCE : 0, hints, out);
+  if (rc && node) /* not an address this provider serves: its own choice then */
+    rc = fi_getinfo(OFI_API_VERSION, NULL, NULL, 0, hints, out);
   fi_freeinfo(hints);
   return rc;
 }
@@ -1064,10 +1087,11 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
   prov = ofi_prov_name(cfg->name);
 
   o->directed = true;
-  rc = ofi_getinfo(prov, FI_TAGGED | FI_DIRECTED_RECV, &o->info);
+  const char *source = ofi_source(cfg);
+  rc = ofi_getinfo(prov, FI_TAGGED | FI_DIRECTED_RECV, source, &o->info);
   if (rc == -FI_ENODATA) {
     o->directed = false;
-    rc = ofi_getinfo(prov, FI_TAGGED, &o->info);
+    rc = ofi_getinfo(prov, FI_TAGGED, source, &o->info);
   }
   if (rc) {
     prov_errf(errbuf, errlen, "ofi: no libfabric provider \"%s\" with RDM tagged messaging: %s",
