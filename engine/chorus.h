@@ -123,10 +123,9 @@ CHORUS_API chorus_result chorus_comm_init_from_env(chorus_comm_t **comm);
  * non-loopback IPv4 interface (or the one CHORUS_SOCK_IFACE names), else
  * 127.0.0.1 (a host name binds every interface, as it may resolve to a
  * loopback address locally). The id carries that address and a fresh random
- * job token, so only holders of the id can join. The listener belongs to the first communicator that rank
- * 0 of this process creates from the id and closes once the ranks have
- * met; chorus_unique_id_release() closes one never used. An id serves one
- * communicator.
+ * job token, so only holders of the id can join. The listener belongs to the first communicator
+ * that rank 0 of this process creates from the id and closes once the ranks have met;
+ * chorus_unique_id_release() closes one never used. An id serves one communicator.
  */
 #define CHORUS_UNIQUE_ID_BYTES 256
 typedef struct chorus_unique_id {

@@ -310,26 +310,26 @@ static inline void store2(ua_u16 *p, uint32_t w) {
     uint32_t hi = bf16_round_hi(f32_##OP(bits_f32(x & 0xffff0000u), bits_f32(y & 0xffff0000u)));   \
     return (lo >> 16) | hi;                                                                        \
   }                                                                                                \
-  static inline void bf16_##OP##_l3(ua_u16 *restrict d, const ua_u16 *restrict x,              \
-                                    const ua_u16 *restrict y, size_t n) {                        \
+  static inline void bf16_##OP##_l3(ua_u16 *restrict d, const ua_u16 *restrict x,                  \
+                                    const ua_u16 *restrict y, size_t n) {                          \
     for (size_t i = 0; i < n / 2; i++)                                                             \
       store2(d + 2 * i, bf16x2_##OP(load2(x + 2 * i), load2(y + 2 * i)));                          \
     if (n & 1)                                                                                     \
       d[n - 1] = bf16_##OP(x[n - 1], y[n - 1]);                                                    \
   }                                                                                                \
-  static inline void bf16_##OP##_la(ua_u16 *restrict d, const ua_u16 *restrict y, size_t n) {  \
+  static inline void bf16_##OP##_la(ua_u16 *restrict d, const ua_u16 *restrict y, size_t n) {      \
     for (size_t i = 0; i < n / 2; i++)                                                             \
       store2(d + 2 * i, bf16x2_##OP(load2(d + 2 * i), load2(y + 2 * i)));                          \
     if (n & 1)                                                                                     \
       d[n - 1] = bf16_##OP(d[n - 1], y[n - 1]);                                                    \
   }                                                                                                \
-  static inline void bf16_##OP##_lb(ua_u16 *restrict d, const ua_u16 *restrict x, size_t n) {  \
+  static inline void bf16_##OP##_lb(ua_u16 *restrict d, const ua_u16 *restrict x, size_t n) {      \
     for (size_t i = 0; i < n / 2; i++)                                                             \
       store2(d + 2 * i, bf16x2_##OP(load2(x + 2 * i), load2(d + 2 * i)));                          \
     if (n & 1)                                                                                     \
       d[n - 1] = bf16_##OP(x[n - 1], d[n - 1]);                                                    \
   }                                                                                                \
-  static inline void bf16_##OP##_lab(ua_u16 *restrict d, size_t n) {                             \
+  static inline void bf16_##OP##_lab(ua_u16 *restrict d, size_t n) {                               \
     for (size_t i = 0; i < n / 2; i++) {                                                           \
       uint32_t w = load2(d + 2 * i);                                                               \
       store2(d + 2 * i, bf16x2_##OP(w, w));                                                        \
@@ -404,32 +404,32 @@ F16C_TARGET static inline __m256 f16c_vmax(__m256 x, __m256 y) {
 /* Eight lanes with the vector op, the last count % 8 with the portable one. */
 #define F16C_KERNELS(OP)                                                                           \
   F16C_TARGET static void f16c_##OP##_k3(void *dst, const void *a, const void *b, size_t n) {      \
-    ua_u16 *restrict d = dst;                                                                    \
-    const ua_u16 *restrict x = a;                                                                \
-    const ua_u16 *restrict y = b;                                                                \
+    ua_u16 *restrict d = dst;                                                                      \
+    const ua_u16 *restrict x = a;                                                                  \
+    const ua_u16 *restrict y = b;                                                                  \
     size_t i = 0;                                                                                  \
     for (; i + 8 <= n; i += 8)                                                                     \
       f16c_store(d + i, f16c_v##OP(f16c_load(x + i), f16c_load(y + i)));                           \
     f16_##OP##_l3(d + i, x + i, y + i, n - i);                                                     \
   }                                                                                                \
   F16C_TARGET static void f16c_##OP##_ka(void *inout, const void *b, size_t n) {                   \
-    ua_u16 *restrict d = inout;                                                                  \
-    const ua_u16 *restrict y = b;                                                                \
+    ua_u16 *restrict d = inout;                                                                    \
+    const ua_u16 *restrict y = b;                                                                  \
     size_t i = 0;                                                                                  \
     for (; i + 8 <= n; i += 8)                                                                     \
       f16c_store(d + i, f16c_v##OP(f16c_load(d + i), f16c_load(y + i)));                           \
     f16_##OP##_la(d + i, y + i, n - i);                                                            \
   }                                                                                                \
   F16C_TARGET static void f16c_##OP##_kb(void *inout, const void *a, size_t n) {                   \
-    ua_u16 *restrict d = inout;                                                                  \
-    const ua_u16 *restrict x = a;                                                                \
+    ua_u16 *restrict d = inout;                                                                    \
+    const ua_u16 *restrict x = a;                                                                  \
     size_t i = 0;                                                                                  \
     for (; i + 8 <= n; i += 8)                                                                     \
       f16c_store(d + i, f16c_v##OP(f16c_load(x + i), f16c_load(d + i)));                           \
     f16_##OP##_lb(d + i, x + i, n - i);                                                            \
   }                                                                                                \
   F16C_TARGET static void f16c_##OP##_kab(void *inout, size_t n) {                                 \
-    ua_u16 *restrict d = inout;                                                                  \
+    ua_u16 *restrict d = inout;                                                                    \
     size_t i = 0;                                                                                  \
     for (; i + 8 <= n; i += 8) {                                                                   \
       __m256 v = f16c_load(d + i);                                                                 \

@@ -17,34 +17,34 @@
 #include <stdio.h>
 
 typedef struct chorus_settings {
-  char provider[64];        /* CHORUS_PROVIDER: "" = auto (shm on one host, else tcp) */
-  char sock_iface[64];      /* CHORUS_SOCK_IFACE: "" = FI_TCP_IFACE, else the first up non-lo */
-  size_t sock_sndbuf;       /* CHORUS_SOCK_SNDBUF: sock's send buffer inside a host, 0 = kernel's */
-  char job_token[256];      /* CHORUS_JOB_TOKEN */
+  char provider[64];   /* CHORUS_PROVIDER: "" = auto (shm on one host, else tcp) */
+  char sock_iface[64]; /* CHORUS_SOCK_IFACE: "" = FI_TCP_IFACE, else the first up non-lo */
+  size_t sock_sndbuf;  /* CHORUS_SOCK_SNDBUF: sock's send buffer inside a host, 0 = kernel's */
+  char job_token[256]; /* CHORUS_JOB_TOKEN */
   char rendezvous_addr[256]; /* CHORUS_RENDEZVOUS_ADDR: chorus_get_unique_id's listener */
-  double connect_timeout_s; /* CHORUS_CONNECT_TIMEOUT */
-  size_t chunk_bytes;       /* CHORUS_CHUNK_BYTES: pipeline chunk */
-  size_t shm_bounce;        /* CHORUS_SHM_BOUNCE: largest shm message bounced, 0 = none */
-  size_t shm_stage;         /* CHORUS_SHM_STAGE: largest shm collective staged, 0 = none */
-  size_t max_posted;        /* CHORUS_MAX_POSTED: receives/sends in flight per rank */
-  int spin_us;              /* CHORUS_SPIN_US: progress thread's busy-poll before sleeping */
-  int wait_spin_us;         /* CHORUS_WAIT_SPIN_US: a blocked caller's polling before sleeping */
-  bool spread_cores;        /* CHORUS_SPREAD_CORES: a waiting caller goes back to its own core */
-  int log_level;            /* CHORUS_LOG: 0 error, 1 warn, 2 info, 3 debug */
-  bool journal;             /* CHORUS_JOURNAL: fsm transition journal on */
-  size_t journal_records;   /* CHORUS_JOURNAL_RECORDS */
-  char algo[512];           /* CHORUS_ALGO: overrides, "" = automatic (select.c parses) */
-  size_t buffsize;          /* CHORUS_BUFFSIZE: scratch per communicator for staging */
-  bool verify;              /* CHORUS_VERIFY: check compiled schedules */
-  bool deterministic;       /* CHORUS_DETERMINISTIC: reduction order fixed by (nranks, count) */
-  char topo[256];           /* CHORUS_TOPO: "" = real hosts, "hosts=HxR" emulates (topo.c) */
-  bool trace;               /* CHORUS_TRACE: fingerprints, checkpoints and the watchdog */
-  double timeout_s;         /* CHORUS_TIMEOUT: a collective stuck this long fails everywhere */
-  double peer_timeout_s;    /* CHORUS_PEER_TIMEOUT: a rank silent this long is lost */
-  int watchdog_ms;          /* CHORUS_WATCHDOG_MS: heartbeat and check period */
-  char trace_dir[512];      /* CHORUS_TRACE_DIR: where dumps go; "" = none */
-  bool checksum;            /* CHORUS_CHECKSUM: CRC-32C of every message, checked */
-  char faults[4100];        /* CHORUS_FAULTS: fault injection spec (providers/fault.h) */
+  double connect_timeout_s;  /* CHORUS_CONNECT_TIMEOUT */
+  size_t chunk_bytes;        /* CHORUS_CHUNK_BYTES: pipeline chunk */
+  size_t shm_bounce;         /* CHORUS_SHM_BOUNCE: largest shm message bounced, 0 = none */
+  size_t shm_stage;          /* CHORUS_SHM_STAGE: largest shm collective staged, 0 = none */
+  size_t max_posted;         /* CHORUS_MAX_POSTED: receives/sends in flight per rank */
+  int spin_us;               /* CHORUS_SPIN_US: progress thread's busy-poll before sleeping */
+  int wait_spin_us;          /* CHORUS_WAIT_SPIN_US: a blocked caller's polling before sleeping */
+  bool spread_cores;         /* CHORUS_SPREAD_CORES: a waiting caller goes back to its own core */
+  int log_level;             /* CHORUS_LOG: 0 error, 1 warn, 2 info, 3 debug */
+  bool journal;              /* CHORUS_JOURNAL: fsm transition journal on */
+  size_t journal_records;    /* CHORUS_JOURNAL_RECORDS */
+  char algo[512];            /* CHORUS_ALGO: overrides, "" = automatic (select.c parses) */
+  size_t buffsize;           /* CHORUS_BUFFSIZE: scratch per communicator for staging */
+  bool verify;               /* CHORUS_VERIFY: check compiled schedules */
+  bool deterministic;        /* CHORUS_DETERMINISTIC: reduction order fixed by (nranks, count) */
+  char topo[256];            /* CHORUS_TOPO: "" = real hosts, "hosts=HxR" emulates (topo.c) */
+  bool trace;                /* CHORUS_TRACE: fingerprints, checkpoints and the watchdog */
+  double timeout_s;          /* CHORUS_TIMEOUT: a collective stuck this long fails everywhere */
+  double peer_timeout_s;     /* CHORUS_PEER_TIMEOUT: a rank silent this long is lost */
+  int watchdog_ms;           /* CHORUS_WATCHDOG_MS: heartbeat and check period */
+  char trace_dir[512];       /* CHORUS_TRACE_DIR: where dumps go; "" = none */
+  bool checksum;             /* CHORUS_CHECKSUM: CRC-32C of every message, checked */
+  char faults[4100];         /* CHORUS_FAULTS: fault injection spec (providers/fault.h) */
 } chorus_settings_t;
 
 /* Read and validate the whole table from the environment.

@@ -223,8 +223,8 @@ CHORUS_API chorus_result chorus_comm_init_rank(chorus_comm_t **comm, int size,
                        "chorus_comm_init_rank: opts->struct_size is %zu, expected %zu "
                        "(sizeof(chorus_init_opts))",
                        opts->struct_size, sizeof(*opts));
-    if (!(opts->timeout_s >= 0) || !(opts->connect_timeout_s >= 0) ||
-        opts->timeout_s > 1e9 || opts->connect_timeout_s > 1e9)
+    if (!(opts->timeout_s >= 0) || !(opts->connect_timeout_s >= 0) || opts->timeout_s > 1e9 ||
+        opts->connect_timeout_s > 1e9)
       return eng_error(CHORUS_ERR_INVALID_ARG,
                        "chorus_comm_init_rank: timeouts must be 0 (the setting's) or positive "
                        "seconds, got timeout_s %g, connect_timeout_s %g",

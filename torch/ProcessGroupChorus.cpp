@@ -45,20 +45,34 @@ namespace {
 
 const char *dtype_name(at::ScalarType t) {
   switch (t) {
-  case at::kBool: return "torch.bool";
-  case at::kChar: return "torch.int8";
-  case at::kByte: return "torch.uint8";
-  case at::kShort: return "torch.int16";
-  case at::kInt: return "torch.int32";
-  case at::kLong: return "torch.int64";
-  case at::kHalf: return "torch.float16";
-  case at::kBFloat16: return "torch.bfloat16";
-  case at::kFloat: return "torch.float32";
-  case at::kDouble: return "torch.float64";
-  case at::kComplexHalf: return "torch.complex32";
-  case at::kComplexFloat: return "torch.complex64";
-  case at::kComplexDouble: return "torch.complex128";
-  default: return c10::toString(t);
+  case at::kBool:
+    return "torch.bool";
+  case at::kChar:
+    return "torch.int8";
+  case at::kByte:
+    return "torch.uint8";
+  case at::kShort:
+    return "torch.int16";
+  case at::kInt:
+    return "torch.int32";
+  case at::kLong:
+    return "torch.int64";
+  case at::kHalf:
+    return "torch.float16";
+  case at::kBFloat16:
+    return "torch.bfloat16";
+  case at::kFloat:
+    return "torch.float32";
+  case at::kDouble:
+    return "torch.float64";
+  case at::kComplexHalf:
+    return "torch.complex32";
+  case at::kComplexFloat:
+    return "torch.complex64";
+  case at::kComplexDouble:
+    return "torch.complex128";
+  default:
+    return c10::toString(t);
   }
 }
 
@@ -82,15 +96,24 @@ chorus_dtype check_tensor(const char *op, const at::Tensor &t, const char *what)
     bad_type(std::string("chorus ") + op + ": " + what +
              " is not a dense (strided) tensor; sparse tensors are not supported");
   switch (t.scalar_type()) {
-  case at::kBool: return CHORUS_UINT8;
-  case at::kChar: return CHORUS_INT8;
-  case at::kByte: return CHORUS_UINT8;
-  case at::kInt: return CHORUS_INT32;
-  case at::kLong: return CHORUS_INT64;
-  case at::kHalf: return CHORUS_FLOAT16;
-  case at::kBFloat16: return CHORUS_BFLOAT16;
-  case at::kFloat: return CHORUS_FLOAT32;
-  case at::kDouble: return CHORUS_FLOAT64;
+  case at::kBool:
+    return CHORUS_UINT8;
+  case at::kChar:
+    return CHORUS_INT8;
+  case at::kByte:
+    return CHORUS_UINT8;
+  case at::kInt:
+    return CHORUS_INT32;
+  case at::kLong:
+    return CHORUS_INT64;
+  case at::kHalf:
+    return CHORUS_FLOAT16;
+  case at::kBFloat16:
+    return CHORUS_BFLOAT16;
+  case at::kFloat:
+    return CHORUS_FLOAT32;
+  case at::kDouble:
+    return CHORUS_FLOAT64;
   default:
     bad_type(std::string("chorus ") + op + ": " + what + " has dtype " +
              dtype_name(t.scalar_type()) +
@@ -116,14 +139,24 @@ chorus_op check_op(const char *op, const c10d::ReduceOp &rop, at::ScalarType t) 
   chorus_op o;
   const char *name;
   switch (rop.op_) {
-  case c10d::ReduceOp::SUM: o = CHORUS_SUM, name = "SUM"; break;
-  case c10d::ReduceOp::AVG: o = CHORUS_AVG, name = "AVG"; break;
-  case c10d::ReduceOp::PRODUCT: o = CHORUS_PROD, name = "PRODUCT"; break;
-  case c10d::ReduceOp::MIN: o = CHORUS_MIN, name = "MIN"; break;
-  case c10d::ReduceOp::MAX: o = CHORUS_MAX, name = "MAX"; break;
+  case c10d::ReduceOp::SUM:
+    o = CHORUS_SUM, name = "SUM";
+    break;
+  case c10d::ReduceOp::AVG:
+    o = CHORUS_AVG, name = "AVG";
+    break;
+  case c10d::ReduceOp::PRODUCT:
+    o = CHORUS_PROD, name = "PRODUCT";
+    break;
+  case c10d::ReduceOp::MIN:
+    o = CHORUS_MIN, name = "MIN";
+    break;
+  case c10d::ReduceOp::MAX:
+    o = CHORUS_MAX, name = "MAX";
+    break;
   default: {
-    static const char *const names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX",
-                                        "BAND", "BOR", "BXOR", "PREMUL_SUM"};
+    static const char *const names[] = {"SUM",  "AVG", "PRODUCT", "MIN",       "MAX",
+                                        "BAND", "BOR", "BXOR",    "PREMUL_SUM"};
     unsigned i = static_cast<unsigned>(rop.op_);
     bad_value(std::string("chorus ") + op + ": reduce op " +
               (i < sizeof(names) / sizeof(names[0]) ? names[i] : "UNUSED") +
@@ -706,9 +739,9 @@ ProcessGroupChorus::allreduce_coalesced(std::vector<at::Tensor> &tensors,
     counts.push_back(count(b));
   }
   core_->launch(w, [&](Requests &r) {
-    return POST(r, chorus_iallreduce_multi(core_->comm(), const_cast<const void *const *>(bufs.data()),
-                                           bufs.data(), counts.data(), static_cast<int>(bufs.size()),
-                                           dt, rop, &req_));
+    return POST(r, chorus_iallreduce_multi(
+                       core_->comm(), const_cast<const void *const *>(bufs.data()), bufs.data(),
+                       counts.data(), static_cast<int>(bufs.size()), dt, rop, &req_));
   });
   return w;
 }
@@ -727,8 +760,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor
   /* the root reduces in place; the others' tensors are left as they are */
   at::Tensor b = rank_ == root ? out_buf(*w, t, true) : in_buf(*w, t);
   core_->launch(w, [&](Requests &r) {
-    return POST(r, chorus_ireduce(core_->comm(), ptr(b), rank_ == root ? ptr(b) : nullptr,
-                                  count(b), dt, rop, root, &req_));
+    return POST(r, chorus_ireduce(core_->comm(), ptr(b), rank_ == root ? ptr(b) : nullptr, count(b),
+                                  dt, rop, root, &req_));
   });
   return w;
 }
@@ -754,9 +787,9 @@ ProcessGroupChorus::allgather(std::vector<std::vector<at::Tensor>> &outputs,
   return w;
 }
 
-c10::intrusive_ptr<c10d::Work>
-ProcessGroupChorus::_allgather_base(at::Tensor &output, at::Tensor &input,
-                                    const c10d::AllgatherOptions &) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_allgather_base(at::Tensor &output,
+                                                                   at::Tensor &input,
+                                                                   const c10d::AllgatherOptions &) {
   const char *op = "allgather_into_tensor";
   chorus_dtype dt = check_tensor(op, input, "the input");
   check_tensor(op, output, "the output");
@@ -855,8 +888,8 @@ ProcessGroupChorus::reduce_scatter(std::vector<at::Tensor> &outputs,
   at::Tensor dst = out_buf(*w, out, false);
   at::Tensor flat = list_buf(*w, inputs[0], true, false);
   core_->launch(w, [&](Requests &r) {
-    return POST(r, chorus_ireduce_scatter(core_->comm(), ptr(flat), ptr(dst), count(dst), dt, rop,
-                                          &req_));
+    return POST(
+        r, chorus_ireduce_scatter(core_->comm(), ptr(flat), ptr(dst), count(dst), dt, rop, &req_));
   });
   return w;
 }
@@ -878,8 +911,8 @@ ProcessGroupChorus::_reduce_scatter_base(at::Tensor &output, at::Tensor &input,
   at::Tensor src = input.is_contiguous() ? input : in_buf(*w, input);
   w->keep(src);
   core_->launch(w, [&](Requests &r) {
-    return POST(r, chorus_ireduce_scatter(core_->comm(), ptr(src), ptr(dst), count(dst), dt, rop,
-                                          &req_));
+    return POST(
+        r, chorus_ireduce_scatter(core_->comm(), ptr(src), ptr(dst), count(dst), dt, rop, &req_));
   });
   return w;
 }
@@ -915,11 +948,11 @@ std::vector<int64_t> split_rows(const char *what, const at::Tensor &t,
 
 } // namespace
 
-c10::intrusive_ptr<c10d::Work>
-ProcessGroupChorus::alltoall_base(at::Tensor &output, at::Tensor &input,
-                                  std::vector<int64_t> &outputSplits,
-                                  std::vector<int64_t> &inputSplits,
-                                  const c10d::AllToAllOptions &) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall_base(at::Tensor &output,
+                                                                 at::Tensor &input,
+                                                                 std::vector<int64_t> &outputSplits,
+                                                                 std::vector<int64_t> &inputSplits,
+                                                                 const c10d::AllToAllOptions &) {
   const char *op = "alltoall_base";
   chorus_dtype dt = check_tensor(op, input, "the input");
   check_tensor(op, output, "the output");
@@ -968,9 +1001,8 @@ ProcessGroupChorus::alltoall_base(at::Tensor &output, at::Tensor &input,
     for (int k = 1; k < size_; k++) {
       int to = (rank_ + k) % size_, from = (rank_ - k + size_) % size_;
       chorus_result rc;
-      if (in_rows[to] &&
-          (rc = POST(r, chorus_isend(core_->comm(), s + in_off[to] * esz,
-                                     in_off[to + 1] - in_off[to], dt, to, &req_))))
+      if (in_rows[to] && (rc = POST(r, chorus_isend(core_->comm(), s + in_off[to] * esz,
+                                                    in_off[to + 1] - in_off[to], dt, to, &req_))))
         return rc;
       if (out_rows[from] &&
           (rc = POST(r, chorus_irecv(core_->comm(), d + out_off[from] * esz,

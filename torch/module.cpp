@@ -34,5 +34,6 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("provider", &ProcessGroupChorus::provider,
                              "Chorus's transport for this group (\"shm\", \"shm+sock\", ...)");
 
-  m.def("version", [] { return std::string(chorus_version()); }, "libchorus's version");
+  m.def(
+      "version", [] { return std::string(chorus_version()); }, "libchorus's version");
 }

@@ -26,29 +26,55 @@ static inline double chk_input(int rank, size_t i, chorus_op op) {
 
 static inline void chk_set(void *buf, size_t i, chorus_dtype dt, double v) {
   switch (dt) {
-  case CHORUS_INT8: ((int8_t *)buf)[i] = (int8_t)(int64_t)v; break;
-  case CHORUS_UINT8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
-  case CHORUS_INT32: ((int32_t *)buf)[i] = (int32_t)(int64_t)v; break;
-  case CHORUS_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-  case CHORUS_FLOAT16: ((uint16_t *)buf)[i] = reduce_float_to_half((float)v); break;
-  case CHORUS_BFLOAT16: ((uint16_t *)buf)[i] = reduce_float_to_bf16((float)v); break;
-  case CHORUS_FLOAT32: ((float *)buf)[i] = (float)v; break;
-  case CHORUS_FLOAT64: ((double *)buf)[i] = v; break;
-  default: break;
+  case CHORUS_INT8:
+    ((int8_t *)buf)[i] = (int8_t)(int64_t)v;
+    break;
+  case CHORUS_UINT8:
+    ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v;
+    break;
+  case CHORUS_INT32:
+    ((int32_t *)buf)[i] = (int32_t)(int64_t)v;
+    break;
+  case CHORUS_INT64:
+    ((int64_t *)buf)[i] = (int64_t)v;
+    break;
+  case CHORUS_FLOAT16:
+    ((uint16_t *)buf)[i] = reduce_float_to_half((float)v);
+    break;
+  case CHORUS_BFLOAT16:
+    ((uint16_t *)buf)[i] = reduce_float_to_bf16((float)v);
+    break;
+  case CHORUS_FLOAT32:
+    ((float *)buf)[i] = (float)v;
+    break;
+  case CHORUS_FLOAT64:
+    ((double *)buf)[i] = v;
+    break;
+  default:
+    break;
   }
 }
 
 static inline double chk_get(const void *buf, size_t i, chorus_dtype dt) {
   switch (dt) {
-  case CHORUS_INT8: return ((const int8_t *)buf)[i];
-  case CHORUS_UINT8: return ((const uint8_t *)buf)[i];
-  case CHORUS_INT32: return ((const int32_t *)buf)[i];
-  case CHORUS_INT64: return (double)((const int64_t *)buf)[i];
-  case CHORUS_FLOAT16: return reduce_half_to_float(((const uint16_t *)buf)[i]);
-  case CHORUS_BFLOAT16: return reduce_bf16_to_float(((const uint16_t *)buf)[i]);
-  case CHORUS_FLOAT32: return ((const float *)buf)[i];
-  case CHORUS_FLOAT64: return ((const double *)buf)[i];
-  default: return NAN;
+  case CHORUS_INT8:
+    return ((const int8_t *)buf)[i];
+  case CHORUS_UINT8:
+    return ((const uint8_t *)buf)[i];
+  case CHORUS_INT32:
+    return ((const int32_t *)buf)[i];
+  case CHORUS_INT64:
+    return (double)((const int64_t *)buf)[i];
+  case CHORUS_FLOAT16:
+    return reduce_half_to_float(((const uint16_t *)buf)[i]);
+  case CHORUS_BFLOAT16:
+    return reduce_bf16_to_float(((const uint16_t *)buf)[i]);
+  case CHORUS_FLOAT32:
+    return ((const float *)buf)[i];
+  case CHORUS_FLOAT64:
+    return ((const double *)buf)[i];
+  default:
+    return NAN;
   }
 }
 
@@ -65,11 +91,21 @@ static inline double chk_expect(size_t i, chorus_dtype dt, chorus_op op, int nra
     double v = chk_input(r, i, op);
     switch (op) {
     case CHORUS_SUM:
-    case CHORUS_AVG: acc += v; break;
-    case CHORUS_PROD: acc *= v; iacc *= (int64_t)v; break;
-    case CHORUS_MIN: acc = v < acc ? v : acc; break;
-    case CHORUS_MAX: acc = v > acc ? v : acc; break;
-    default: break;
+    case CHORUS_AVG:
+      acc += v;
+      break;
+    case CHORUS_PROD:
+      acc *= v;
+      iacc *= (int64_t)v;
+      break;
+    case CHORUS_MIN:
+      acc = v < acc ? v : acc;
+      break;
+    case CHORUS_MAX:
+      acc = v > acc ? v : acc;
+      break;
+    default:
+      break;
     }
   }
   if (op == CHORUS_PROD && nranks > 1)
@@ -79,9 +115,15 @@ static inline double chk_expect(size_t i, chorus_dtype dt, chorus_op op, int nra
     case CHORUS_INT8:
     case CHORUS_UINT8:
     case CHORUS_INT32:
-    case CHORUS_INT64: acc = (double)((int64_t)acc / nranks); break;
-    case CHORUS_FLOAT64: acc = acc / nranks; break;
-    default: acc = (double)((float)acc / (float)nranks); break;
+    case CHORUS_INT64:
+      acc = (double)((int64_t)acc / nranks);
+      break;
+    case CHORUS_FLOAT64:
+      acc = acc / nranks;
+      break;
+    default:
+      acc = (double)((float)acc / (float)nranks);
+      break;
     }
   }
   uint8_t tmp[8];

@@ -27,8 +27,8 @@ struct board {
 };
 
 static struct board *board_new(void) {
-  struct board *b = mmap(NULL, sizeof(*b), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
-                         0);
+  struct board *b =
+      mmap(NULL, sizeof(*b), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   cr_assert(b != MAP_FAILED);
   memset(b, 0, sizeof(*b));
   return b;

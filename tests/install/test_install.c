@@ -47,8 +47,7 @@ Test(install, pkg_config_build_and_run, .timeout = 300) {
   snprintf(cmd, sizeof(cmd),
            "grep -q 'is not on the dynamic linker.s path: set LD_LIBRARY_PATH=%s/' %s/install.log",
            dir, dir);
-  cr_assert_eq(sh(cmd), 0, "the install did not say how to make libchorus findable (see %s)",
-               dir);
+  cr_assert_eq(sh(cmd), 0, "the install did not say how to make libchorus findable (see %s)", dir);
   snprintf(cmd, sizeof(cmd),
            "command -v python3 >/dev/null || exit 0; "
            "export LD_LIBRARY_PATH=$(sed -n 's/.*LD_LIBRARY_PATH=\\([^ ]*\\) .*/\\1/p' "
