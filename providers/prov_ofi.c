@@ -141,16 +141,10 @@
  * and each slot's messages move along its share of it, so that a line is
  * written again only after the receiver has read twice its L2's worth of
  * other data since it read the line: by then the line has left the
- * receiver's L2, and the copy into it need not take it from the other core.
- * On the machine of 2026-12-02 (an AMD EPYC, 1 MiB L2 a core, under KVM),
- * 2-rank 32 KiB calls over shm, 6 interleaved rounds, medians, the slots
- * at fixed places (1 MiB, half of it used by 32 KiB messages) against
- * moving along 2 MiB (Open MPI): allreduce 6.9 against 4.9 us (14.8),
- * bcast 4.9 / 3.4 (5.5), allgather 4.8 / 3.5 (4.5), reduce_scatter
- * 4.7 / 3.2 (8.2). Along 3 MiB the same or a little slower, along 8 MiB
- * slower (allreduce 8.2, bcast 4.8). The region is written through once
- * when it is made, so that no copy into it waits for the kernel to give
- * the page (before that: 8 MiB, 2-rank 32 KiB allreduce 19.6 us). */
+ * receiver's L2, and the copy into it need not take it from the other core
+ * (slots at fixed places were slower; larger regions no faster, and much
+ * larger ones slower). The region is written through once when it is made,
+ * so that no copy into it waits for the kernel to give the page. */
 #define OFI_BOUNCE_DEFAULT (64 * 1024)
 #define OFI_BOUNCE_MAX (256 * 1024)
 #define OFI_BOUNCE_SLOTS 16
@@ -256,7 +250,8 @@ struct ofi_ack_ring {
 struct ofi_db_peer {
   struct ofi_db_page *page; /* NULL: ring this peer on every occasion */
   int32_t pid;
-  char region[96]; /* its shm region's name (chorus://NAME), "" if not ours */
+  char region[96];   /* its shm region's name (chorus://NAME), "" if not ours */
+  char shm_name[96]; /* the same, kept after settle removed the name ("Locks left held") */
   size_t page_len;
   bool sar;            /* no CMA to this peer: large messages go by segments */
   uint32_t taken_seen; /* its taken[] entry for us, as we last read it (the window) */
@@ -298,6 +293,7 @@ struct ofi_ep {
   uint64_t pidns;    /* our PID namespace's inode, 0 if /proc is not ours */
   /* shm 1.17: each rank's queue lock in its region, NULL where unknown ("Locks left held") */
   pthread_spinlock_t **wedge;
+  bool wedge_looked; /* under wedge_mu: wedge found (or not), once needed */
   pthread_mutex_t wedge_mu;
   char prov_name[64];
   char errmsg[256];
@@ -436,10 +432,8 @@ static const char *ofi_prov_name(const char *name) {
 /* shm's queues: 256 entries each (its default is 1024). A rank's region,
  * which every peer maps and writes its messages into, shrinks with them,
  * and small collectives among many ranks were slow for their first few
- * hundred calls with the large one (8 ranks on 2 cores, chorus-perf's 32
- * KiB allreduce 350-383 us a call against 168-228 us, the allgather 203-282
- * against 123-193, 3 interleaved rounds; 2 ranks and 64 MiB calls the
- * same). What it costs: 64 posted a direction instead of 256, which the
+ * hundred calls with the large one (ranks outnumbering the cores; 2 ranks
+ * and large calls were the same). What it costs: 64 posted a direction instead of 256, which the
  * executor posts past when it must (exec.c), and smaller windows (see "the
  * window"). Read when libfabric first initialises its providers, like
  * rxm's; a value the user set is kept. */
@@ -607,9 +601,8 @@ static void db_want_ring(struct ofi_ep *o, int peer) {
  * every receive and read by a sender only when the count it saw last
  * leaves no room (ofi_window_open), bounce_done[] on every bounced message.
  * Sharing one line, every post of a peer took the line from us and every
- * receive took it back: with the sender's own count of what it saw
- * (ofi_window_open), 2-rank 16 B allgathers over shm went from 2.1 to 1.7
- * us a call (4 interleaved rounds, medians; 2026-12-03). */
+ * receive took it back (the sender keeps its own count of what it saw,
+ * ofi_window_open, and small calls are faster for it). */
 #define DB_LINE 64
 static size_t db_line_up(size_t off) {
   return (off + DB_LINE - 1) & ~(size_t)(DB_LINE - 1);
@@ -1271,8 +1264,6 @@ static int ofi_getname(prov_t *p, void *addr, size_t *len) {
   return prov_copy_name(o->addr, o->addrlen, addr, len);
 }
 
-static void wedge_find(struct ofi_ep *o);
-
 static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens, int n) {
   struct ofi_ep *o = to_ofi(p);
   bool no_cma = db_cma_disabled();
@@ -1316,12 +1307,12 @@ static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens
       struct ofi_db_peer *d = &o->db_peers[i];
 
       db_peer_names(d, &pa);
+      memcpy(d->shm_name, d->region, sizeof(d->shm_name));
       db_peer_attach(d, pa.pid, pa.memfd, pa.nonce);
       d->pid = pa.pid;
       d->sar = no_cma || !db_cma_works(pa.pid, pa.va, pa.nonce);
     }
   }
-  wedge_find(o);
   /* Peers wait for this in settle before they remove their names. */
   if (o->db_peers)
     atomic_store_explicit(&o->db_page->mapped,
@@ -1444,14 +1435,10 @@ static void db_track_nap(struct ofi_ep *o, struct ofi_slot *s) {
  * ring its page keeps for us and moves the ring's head on, then rings us if
  * we sleep; progress() reads every ring with acks due (ofi_ack_rings_read),
  * and arm() does not sleep on an unread one. A stale ack (a cancelled send)
- * finds the slot's generation moved on. libfabric's shm takes the peer's
- * region lock for every message, which the peer takes too for its own:
- * 2-rank 2 MiB allgather over shm, 15 interleaved rounds of 1000 calls,
- * medians, rings / ack messages: 106.0 / 106.0 us, paired with Open MPI's
- * rounds 1.013 / 0.991 of its speed, ahead in 10 / 7 rounds of 15; 256 KiB
- * 17.4 / 17.7 us (9 rounds; Open MPI 15.5), 2 MiB broadcast 165.5 / 171.9
- * (Open MPI 225.4). Acking nothing at all (unsafe: a measurement only) was
- * worth 3.5% at 2 MiB; injecting the descriptor (no send completion) 0.
+ * finds the slot's generation moved on. An ack message takes the peer's
+ * region lock in libfabric's shm, which the peer takes too for its own
+ * messages; a ring takes none. (Acking nothing at all, unsafe, was worth
+ * little more; injecting the descriptor nothing.)
  */
 
 static bool ofi_use_rndv(const struct ofi_ep *o, int peer, size_t len) {
@@ -1881,9 +1868,8 @@ bool prov_ofi_test_pid_dead(int32_t pid) {
  * it reads the queue. A process killed while holding one leaves it held for
  * good: every thread that then sends to that rank, or the rank polling its
  * own queue, spins inside libfabric and never returns, even after the
- * watchdog's verdict (test_left_behind: a rank SIGKILLed in an allreduce,
- * 2 jobs in 300 on 2 cores). So once the communicator failed (the engine
- * calls ofi_unwedge then, from a thread outside the transport) a lock that
+ * watchdog's verdict. So once the communicator failed (the engine calls
+ * ofi_unwedge then, from a thread outside the transport) a lock that
  * stays held all through OFI_WEDGE_NS while a peer of this host is dead is
  * freed: whatever its queue still holds belongs to the failed communicator.
  * Where the lock lies is libfabric's own business: it is used only when
@@ -1898,33 +1884,12 @@ bool prov_ofi_test_pid_dead(int32_t pid) {
 
 static long ofi_elapsed_ns(const struct timespec *t0);
 
-/* Where /dev/shm/NAME is mapped here (its whole file, from offset 0), NULL if not. */
-static unsigned char *wedge_mapping(FILE *maps, const char *name) {
-  char line[512];
-  size_t nl = strlen(name);
-
-  rewind(maps);
-  while (fgets(line, sizeof(line), maps)) {
-    unsigned long start, off;
-    char *path = strstr(line, " /dev/shm/");
-    if (!path || sscanf(line, "%lx-%*x %*s %lx", &start, &off) != 2 || off)
-      continue;
-    path += 10;
-    if (strncmp(path, name, nl) == 0 && (path[nl] == '\n' || path[nl] == ' ' || !path[nl]))
-      return (unsigned char *)start;
-  }
-  return NULL;
-}
-
-/* The queue lock of the region named NAME, made by pid (NULL: not found, or
- * not laid out as expected). */
-static pthread_spinlock_t *wedge_lock_of(FILE *maps, const char *name, int32_t pid, bool own) {
-  unsigned char *r = name[0] ? wedge_mapping(maps, name) : NULL;
+/* The queue lock of the region mapped at r, made by pid (NULL: not laid
+ * out as expected). */
+static pthread_spinlock_t *wedge_lock_of(unsigned char *r, int32_t pid, bool own) {
   int32_t owner;
   void *base;
 
-  if (!r)
-    return NULL;
   memcpy(&owner, r + SMR117_PID, sizeof(owner));
   memcpy(&base, r + SMR117_BASE, sizeof(base));
   if (owner != pid || (own && base != r))
@@ -1932,21 +1897,43 @@ static pthread_spinlock_t *wedge_lock_of(FILE *maps, const char *name, int32_t p
   return (pthread_spinlock_t *)(r + SMR117_LOCK);
 }
 
-/* After add_peers, which mapped every peer's region: find the locks. */
+/* The locks, once needed (under wedge_mu, after add_peers, which mapped
+ * every peer's region): one read of /proc/self/maps, long in a process with
+ * many mappings, so not on every communicator's creation. */
 static void wedge_find(struct ofi_ep *o) {
-  if (!o->db_peers || !o->region[0] || o->info->fabric_attr->prov_version != SMR117_VERSION)
+  if (o->wedge_looked)
+    return;
+  o->wedge_looked = true;
+  if (!o->peers || !o->db_peers || !o->region[0] ||
+      o->info->fabric_attr->prov_version != SMR117_VERSION)
     return;
   FILE *maps = fopen("/proc/self/maps", "re");
   if (!maps)
     return;
-  pthread_spinlock_t *own = wedge_lock_of(maps, o->region, o->pid, true);
-  if (own && (o->wedge = calloc((size_t)o->nranks, sizeof(*o->wedge)))) {
-    for (int r = 0; r < o->nranks; r++)
-      o->wedge[r] = r == o->rank
-                        ? own
-                        : wedge_lock_of(maps, o->db_peers[r].region, o->db_peers[r].pid, false);
+  if (!(o->wedge = calloc((size_t)o->nranks, sizeof(*o->wedge)))) {
+    fclose(maps);
+    return;
+  }
+  char line[512];
+  while (fgets(line, sizeof(line), maps)) {
+    unsigned long start, off;
+    char *name = strstr(line, " /dev/shm/chorus-");
+    if (!name || sscanf(line, "%lx-%*x %*s %lx", &start, &off) != 2 || off)
+      continue; /* a region is mapped whole, from offset 0 */
+    name += 10;
+    name[strcspn(name, " \n")] = '\0'; /* " (deleted)" once removed */
+    for (int r = 0; r < o->nranks; r++) {
+      const char *want = r == o->rank ? o->region : o->db_peers[r].shm_name;
+      if (!o->wedge[r] && want[0] && strcmp(name, want) == 0)
+        o->wedge[r] = wedge_lock_of((unsigned char *)start,
+                                    r == o->rank ? o->pid : o->db_peers[r].pid, r == o->rank);
+    }
   }
   fclose(maps);
+  if (!o->wedge[o->rank]) { /* our own region does not read as 1.17's: touch nothing */
+    free(o->wedge);
+    o->wedge = NULL;
+  }
 }
 
 /* Whether the lock stays taken all through OFI_WEDGE_NS. */
@@ -1970,8 +1957,13 @@ static int ofi_unwedge(prov_t *p) {
   struct ofi_ep *o = to_ofi(p);
   int freed = 0;
 
-  if (!o->wedge || pthread_mutex_trylock(&o->wedge_mu))
+  if (!o->region[0] || pthread_mutex_trylock(&o->wedge_mu))
     return 0;
+  wedge_find(o);
+  if (!o->wedge) {
+    pthread_mutex_unlock(&o->wedge_mu);
+    return 0;
+  }
   bool dead = false;
   for (int r = 0; r < o->nranks && !dead; r++)
     dead = r != o->rank && o->db_peers[r].pid > 0 && pid_dead(o->db_peers[r].pid);
@@ -2149,8 +2141,8 @@ static int names_sweep(void) {
 
 /* Set once /proc/self/maps showed every peer's region mapped after add_peers:
  * this process's libfabric maps regions when they are inserted. Reading the
- * maps costs some 2 us a mapping (10 ms in a process with 5000, as a
- * trainer's with CUDA), so it is read until it showed that once. */
+ * maps costs time in proportion to the mappings (many in a trainer's
+ * process, with CUDA), so it is read until it showed that once. */
 static atomic_bool names_mapped_at_insert;
 
 /* Whether libfabric has mapped every peer's region here: its name among
@@ -2337,8 +2329,8 @@ static void ofi_release(prov_t *p, prov_op_t *op) {
  * sleeping), and the peer rings it when it next takes one of its messages.
  * Setting the bit at every refusal instead made a sender that polls, such
  * as a broadcast root running ahead, cost its receiver a ring (a sendto())
- * per message taken: 2-rank 16 B broadcast, reduce and gather over shm took
- * 3.2-3.8 us a call, 1.4 since.
+ * per message taken, which more than doubled a small broadcast's, reduce's
+ * or gather's time.
  */
 
 /* Whether one more message may go to peer. A point-to-point send
@@ -3023,7 +3015,11 @@ void *prov_ofi_test_queue_lock(prov_t *p, int rank) {
   if (!p || p->ops != &prov_ofi_ops)
     return NULL;
   struct ofi_ep *o = to_ofi(p);
-  return o->wedge && rank >= 0 && rank < o->nranks ? (void *)o->wedge[rank] : NULL;
+  pthread_mutex_lock(&o->wedge_mu);
+  wedge_find(o);
+  void *l = o->wedge && rank >= 0 && rank < o->nranks ? (void *)o->wedge[rank] : NULL;
+  pthread_mutex_unlock(&o->wedge_mu);
+  return l;
 }
 
 void prov_ofi_test_no_backstop(prov_t *p) {
