@@ -453,8 +453,8 @@ static size_t progress_round(chorus_comm_t *c, bool transport) {
   if (atomic_load_explicit(&c->cmd_pending, memory_order_acquire)) {
     /* New runs post their first sends before the transport is polled: a
      * blocking call's first round used to poll it (epoll_wait over sock, a
-     * system call of 1-2 us here) before its sends went out, for news the
-     * round after them finds as well. */
+     * system call) before its sends went out, for news the round after them
+     * finds as well. */
     n += start_commands(c);
     n += exec_drive(&c->ex);
   }
@@ -653,10 +653,9 @@ static void progress_nap_aside(chorus_comm_t *c, const struct timeval *tv) {
  * an application thread drives (comm_drive), it takes and drops the lock
  * on every call, and a progress thread blocked on the mutex was woken by
  * each unlock only to find it taken again: a futex wake-up per call, on
- * whichever core the scheduler chose. On 2 cores shared by 2 ranks that
- * was often the other rank's, whose 8 KiB allgather then took 43 us a call
- * instead of 3.5 for 50-100 ms at a time, a few times a second (each
- * started by the 1 s idle timer). So while there is a driver this thread
+ * whichever core the scheduler chose, often another rank's, whose small
+ * calls then ran many times slower for tens of milliseconds at a time. So
+ * while there is a driver this thread
  * steps aside, sleeping on its eventfd and timer, flagged `sleeping` and
  * `aside` so that the last driver out kicks it when it leaves work in
  * flight (comm_drive_as), and tries again. It never waits on the mutex
@@ -995,20 +994,13 @@ bool comm_all_sock(const chorus_comm_t *c) {
 
 /* Bouncing costs a second copy, and a rewrite of memory the receiver has
  * just read, to save CMA's page pinning: a gain for small messages, where
- * pinning dominates. The default stops at 64 KiB: on this development
- * machine 256 KiB slots won the 2-rank 2 MiB collectives only while the two
- * cores shared data cheaply, and lost them by two or three times the rest
- * of the time (a probe of 70 rounds over 77 minutes, medians, in the 59
- * slow rounds: bcast 420 us bounced against 148 with 64 KiB, allgather 286
- * against 126, allreduce 517 against 428; in the 11 fast ones 107 against
- * 138, 80 against 104, 134 against 208). When ranks outnumber the cores,
- * where two copies cost more than one, it never passes 64 KiB. Tried and
- * left: 16 KiB. With two ranks on cores of their own it is faster (32 KiB
- * bcast 6.0-7.2 us against 7.4; every bounced line crosses between the
- * cores twice), but the kernel here often keeps two ranks on one core,
- * where bouncing through one cache beats CMA's system calls: 5 interleaved
- * rounds (2026-12-01), medians, 16 KiB against 64 KiB: 32 KiB allreduce
- * 54.5 against 14.9 us, bcast 7.9 against 7.7, allgather 8.4 against 6.5. */
+ * pinning dominates. The default stops at 64 KiB: larger slots won only
+ * while the cores shared data cheaply and lost by far otherwise. When ranks
+ * outnumber the cores, where two copies cost more than one, it never passes
+ * 64 KiB. A lower limit is faster with two ranks on cores of their own (a
+ * bounced line crosses between the cores twice) but slower when the kernel
+ * keeps both on one core, where one cache beats CMA's system calls.
+ * Measurements: docs/performance.md and the commits that set these. */
 #define SHM_BOUNCE_SHARED (64u << 10)
 size_t comm_shm_bounce(const chorus_comm_t *c) {
   size_t b = c->set.shm_bounce;
@@ -1472,7 +1464,7 @@ void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake) {
     return;
   /* Start it from this thread when the progress engine is free: its first
    * sends are posted before the call returns, and a sleeping progress thread
-   * is not woken (a wake-up and a switch to it cost ~20 us of a 2-rank
+   * is not woken (a wake-up and a switch to it cost more than a small
    * exchange on shm), only armed to wake when the transport has news. When
    * the engine is busy, its holder starts it; a sleeper is woken all the
    * same when the request is still queued. That round only flushes the

@@ -110,10 +110,9 @@ struct chorus_comm {
    * not on the transport, so that it neither takes prog_lock from the
    * waiting thread nor wakes for the traffic that thread is reading. Left
    * alone, the two took turns: the progress thread ran each call while the
-   * application thread yielded, a context switch per call, and on two cores
-   * shared by two ranks a 32 KiB allreduce stayed at 20-30 us for the whole
-   * run instead of 11 us. Nor does a progress thread that wakes while there
-   * is one wait on prog_lock (progress_relock): it steps aside the same way
+   * application thread yielded, a context switch per call, which made small
+   * calls several times slower on cores shared by ranks. Nor does a progress thread that wakes
+   * while there is one wait on prog_lock (progress_relock): it steps aside the same way
    * (`sleeping` and `aside` set without the lock; the last driver out kicks
    * it when it leaves work in flight). */
   atomic_int drivers;
@@ -300,21 +299,11 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
 /* A driver that has polled idle for COMM_YIELD_AFTER_NS starts yielding the
  * core (every 16 idle rounds), when the communicator's ranks on this host
  * do not outnumber its cores; with more, from the start. A yield is a
- * system call (1.5 us on this development machine's VM) that a waiter on a
- * core of its own only pays for: a message over shm is answered within a
- * few us. 2 ranks, bcast by CMA (CHORUS_SHM_BOUNCE=0), yielding every 16
- * idle rounds -> never: 32 KiB 7.9-8.1 -> 6.6-6.8 us, 64 KiB 9.0-9.6 ->
- * 7.6. Where a yield takes longer than COMM_YIELD_LONG_NS, something else
- * ran on the core - a peer the kernel put there, as it does now and then at
- * start - and for COMM_YIELD_CROWDED_NS every wait yields at once again, as
- * before. With the default bouncing: 5 interleaved runs of 2-rank 32 KiB
- * and 2 MiB allreduce, bcast, allgather and reduce_scatter (2026-12-01),
- * medians, before -> after: 32 KiB allreduce 42.4 -> 14.9 us (the first
- * size: before, 3 of the 5 runs were slow throughout, after none), 2 MiB
- * allreduce 317 -> 283, the others within 0.3 us or 3%. In a later phase
- * where both ranks sat on one core from the start, before and after read
- * the same (5 runs: 32 KiB allreduce 24-28 us, allgather 10-11, bcast
- * 4.6-7.6; Open MPI's allreduce 15-35). */
+ * system call that a waiter on a core of its own only pays for: a message
+ * over shm is answered within microseconds. Where a yield takes longer than
+ * COMM_YIELD_LONG_NS, something else ran on the core (a peer the kernel put
+ * there, as it does now and then at start), and for COMM_YIELD_CROWDED_NS
+ * every wait yields at once again. */
 #define COMM_YIELD_AFTER_NS (5 * 1000)
 #define COMM_YIELD_LONG_NS (4 * 1000)
 #define COMM_YIELD_CROWDED_NS (10 * 1000 * 1000)
@@ -323,18 +312,11 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
  * that creates the communicator, and a driver that waits (idle rounds, or
  * spinning while the progress thread holds prog_lock), move back to it when
  * they find themselves elsewhere, the driver at most every
- * COMM_HOME_EVERY_NS (comm.c: comm_go_home, comm_home_due). Left to itself the kernel put
- * both ranks of a 2-rank job on one core of two while they connected (perf
- * sched: 200 ms on CPU 0, switching to each other ~4400 times a second,
- * CPU 1 idle) and at times kept them there into the first calls, each wait
- * then costing the peer's turn: 2-rank 32 KiB calls over shm right after
- * creation (2026-12-02, 2000 calls, 8 runs each, alternating): allreduce
- * 19-23 us in 3 runs of 8 and allgather 11.6-14.6 in 2 of 8, 5-7 us in all
- * 16 with the move; the four-collective sequence of chorus-perf (300 calls
- * a size, 8 rounds each): one or two of the first sizes at 20-24 us in 2
- * rounds of 8 without, none with (one round with was slow at every size, 2
- * MiB too: the machine's cores were slow to share data then, see README).
- * The threads moved 0-2 times a run. */
+ * COMM_HOME_EVERY_NS (comm.c: comm_go_home, comm_home_due). Left to itself the kernel
+ * may put both ranks of a job on one core while they connect (perf sched
+ * shows them switching to each other thousands of times a second, the
+ * other core idle) and keep them there into the first calls, each wait
+ * then costing the peer's turn. The threads move a few times a run at most. */
 #define COMM_HOME_EVERY_NS (10 * 1000 * 1000)
 /* home_cpu before coll_comm_init picks it: a split or a shrink copies its
  * parent's instead, since a child's local ranks are numbered afresh (ranks
@@ -352,9 +334,8 @@ void comm_yielded(chorus_comm_t *c, uint64_t before, uint64_t after);
  * put two on one), not waiting. By the wall clock alone, a rank sharing a
  * core with its peer reached the limit within one time slice and slept; its
  * wakeups then came on the waker's core and the pair stayed there, sleeping
- * and waking, for seconds (2-rank 32 KiB allgather over shm: 20-40 us a call
- * instead of 6, a thousand voluntary context switches per 2000 calls, none
- * when fast). The wall clock still bounds it: IDLE_CLOCK_WALL times the
+ * and waking, for seconds (hundreds of voluntary context switches where a
+ * fast run has none). The wall clock still bounds it: IDLE_CLOCK_WALL times the
  * limit, so a waiter that keeps losing its core to other work sleeps too.
  */
 #define IDLE_CLOCK_GAP_NS 200000

@@ -2,11 +2,11 @@
  * prov_sock.c - tagged messages over plain TCP sockets, one connection per
  * pair of ranks ("sock").
  *
- * Why it exists: over libfabric's tcp;ofi_rxm a 2-rank 32 KiB allgather
- * took 40 us where Open MPI's TCP transport takes 22 (rxm signals each
+ * Why it exists: over libfabric's tcp;ofi_rxm small collectives took about
+ * twice as long as over Open MPI's TCP transport (rxm signals each
  * completion through a socket write and read, and sends three control
- * messages per rendezvous); over this transport it takes what Open MPI's
- * does (README, "The four main collectives against Open MPI"). A stream per pair with a
+ * messages per rendezvous); over this transport they take what Open MPI's
+ * do (docs/performance.md). A stream per pair with a
  * header per message, written from and read into the caller's buffers, is
  * what Open MPI, Gloo and NCCL's socket transport do; this is that.
  *
@@ -860,8 +860,8 @@ static void conn_read_some(struct sock_ep *e, struct sock_conn *c) {
   unsigned char scratch[4096];
   size_t budget = SOCK_READ_BUDGET;
   /* A read that returned less than it asked for emptied the socket: the next
-   * one would only say EAGAIN, a system call for nothing (one a message, some
-   * 1-2 us here). What arrives later makes the fd readable again. */
+   * one would only say EAGAIN, a system call for nothing. What arrives later makes the fd readable
+   * again. */
   bool drained = false;
 
   if (!c->stage && !(c->stage = malloc(SOCK_STAGE))) {
@@ -980,9 +980,9 @@ static void sock_nodelay(int fd) {
  * socket and the receiver's out of it, and what lies between them is what
  * the send buffer lets in flight. Autotuned, that grows to megabytes and
  * the receiver reads from memory the caches no longer hold; capped, it
- * reads what was just written. 2 ranks exchanging 1 MiB each way over
- * loopback, one sendmsg each: 490-550 us autotuned, 191-195 us with 256K
- * (the kernel doubles it for its bookkeeping). Between hosts the NIC reads
+ * reads what was just written (several times faster for 1 MiB exchanges
+ * over loopback; the kernel doubles the value for its bookkeeping). Between
+ * hosts the NIC reads
  * the data and the buffer must cover the path's bandwidth-delay product:
  * the kernel's autotuning stays. */
 static void conn_tune(struct sock_ep *e, int fd) {
@@ -1860,7 +1860,7 @@ static int sock_progress(prov_t *p) {
   }
   /* Completions queued and no receive in flight (a send that went at once,
    * a broadcast root's): hand them back without a look at the sockets; the
-   * next round looks. Each look is an epoll_wait, 1-2 us here. */
+   * next round looks. Each look is an epoll_wait. */
   if (e->cq && !e->nrecv)
     return cq_deliver(e);
   e->stats.polls++;
@@ -1892,7 +1892,7 @@ static int sock_progress(prov_t *p) {
 /* Write what the queues hold (a CTS, a hello), deliver the completions
  * held (sends that went out at once), and leave the sockets unpolled: at
  * the end of a call, with nothing of the caller's in flight, a poll cost
- * every blocking call an epoll_wait (1-2 us here) that found nothing; what
+ * every blocking call an epoll_wait that found nothing; what
  * peers send meanwhile waits in the kernel for the next call, or wakes a
  * sleeper. */
 static int sock_flush(prov_t *p) {
