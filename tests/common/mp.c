@@ -266,3 +266,34 @@ long mp_rss_kib(void) {
   fclose(f);
   return kib;
 }
+
+int mp_capture(const char *cmd, char *out, size_t len) {
+  FILE *p = popen(cmd, "r");
+  size_t got = 0;
+
+  if (len)
+    out[0] = '\0';
+  if (!p)
+    return -1;
+  while (len && got < len - 1) {
+    size_t n = fread(out + got, 1, len - 1 - got, p);
+    if (!n)
+      break;
+    got += n;
+  }
+  if (len)
+    out[got] = '\0';
+  char sink[4096]; /* the rest, so that the command is not killed by SIGPIPE */
+  while (fread(sink, 1, sizeof(sink), p) > 0) {
+  }
+  return pclose(p);
+}
+
+int mp_trace_line(const char *dir, char *line, size_t len) {
+  char cmd[1200];
+
+  snprintf(cmd, sizeof(cmd), "%s/tools/chorus-trace '%s' 2>&1", CHORUS_BUILD_DIR, dir);
+  int st = mp_capture(cmd, line, len);
+  line[strcspn(line, "\n")] = '\0';
+  return st < 0 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
+}

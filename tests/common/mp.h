@@ -25,6 +25,13 @@ int mp_free_port(void);
  * "NAME=value" set in every rank (may be NULL). Returns the result. */
 mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const char *const *env);
 
+/* Runs the shell command cmd, its standard output (the first len - 1 bytes)
+ * into out, NUL-terminated. Returns its wait status, -1 if it could not run. */
+int mp_capture(const char *cmd, char *out, size_t len);
+/* chorus-trace (of this build) on the dump directory dir: the first line of
+ * what it prints (its diagnosis) into line. Returns its exit status (0: a
+ * culprit or cycle found), -1 if it could not run. */
+int mp_trace_line(const char *dir, char *line, size_t len);
 /* Open file descriptors of this process. */
 int mp_count_fds(void);
 /* Resident set size of this process in KiB. */

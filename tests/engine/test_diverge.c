@@ -197,11 +197,7 @@ static void run(const char *prov, int size, enum scenario sc) {
 
   /* chorus-trace names the same culprit */
   snprintf(cmd, sizeof(cmd), "%s/tools/chorus-trace '%s' 2>&1", CHORUS_BUILD_DIR, a.dir);
-  FILE *p = popen(cmd, "r");
-  cr_assert(p);
-  size_t got = fread(out, 1, sizeof(out) - 1, p);
-  out[got] = '\0';
-  int st = pclose(p);
+  int st = mp_capture(cmd, out, sizeof(out));
   char who[32];
   snprintf(who, sizeof(who), "rank %d", a.culprit);
   cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chorus-trace found no culprit:\n%s", out);

@@ -206,21 +206,12 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
 
 /* chorus-trace's diagnosis line from the job's dumps agrees with the verdict. */
 static void check_trace(const char *dir, int size, enum scenario sc, const char *what) {
-  char cmd[600], out[16384], w[3][96];
+  char out[16384], w[3][96];
   const int c = size - 2;
   const char *want[4] = {NULL};
 
-  snprintf(cmd, sizeof(cmd), "%s/tools/chorus-trace '%s' 2>&1", CHORUS_BUILD_DIR, dir);
-  FILE *p = popen(cmd, "r");
-  cr_assert(p);
-  size_t got = fread(out, 1, sizeof(out) - 1, p);
-  out[got] = '\0';
-  int st = pclose(p);
-  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: chorus-trace found no culprit:\n%s", what,
-            out);
-  char *nl = strchr(out, '\n');
-  if (nl)
-    *nl = '\0'; /* the diagnosis line */
+  int st = mp_trace_line(dir, out, sizeof(out));
+  cr_assert_eq(st, 0, "%s: chorus-trace found no culprit (exit %d):\n%s", what, st, out);
   switch (sc) {
   case SC_LEAVE:
     snprintf(w[0], sizeof(w[0]), "rank %d destroyed the communicator", c);

@@ -151,20 +151,11 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
  * of each rank): its diagnosis line, which must agree with the verdict: the
  * deadlock through the split for a skip, the culprit lost for a kill. */
 static void check_trace(const char *dir, int size, enum scenario sc, const char *what) {
-  char cmd[600], out[16384], want[64];
+  char out[16384], want[64];
   const int culprit = size - 2;
 
-  snprintf(cmd, sizeof(cmd), "%s/tools/chorus-trace '%s' 2>&1", CHORUS_BUILD_DIR, dir);
-  FILE *p = popen(cmd, "r");
-  cr_assert(p);
-  size_t got = fread(out, 1, sizeof(out) - 1, p);
-  out[got] = '\0';
-  int st = pclose(p);
-  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: chorus-trace found no culprit:\n%s", what,
-            out);
-  char *nl = strchr(out, '\n');
-  if (nl)
-    *nl = '\0'; /* the diagnosis line */
+  int st = mp_trace_line(dir, out, sizeof(out));
+  cr_assert_eq(st, 0, "%s: chorus-trace found no culprit (exit %d):\n%s", what, st, out);
   if (sc == SC_SKIP) {
     const char *cyc = strstr(out, "deadlock cycle ");
     cr_assert(cyc && strstr(out, "in the split of ranks"),
