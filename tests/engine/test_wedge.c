@@ -46,7 +46,8 @@ TestSuite(wedge, .timeout = 300);
 
 typedef struct args {
   bool own;           /* the victim holds its own queue's lock, else rank 0's */
-  _Atomic int *taken; /* shared by the ranks: the victim holds the lock */
+  _Atomic int *taken; /* shared by the ranks: [0] the victim holds the lock, [1] ranks past
+                         their first call */
 } args_t;
 
 static double now_s(void) {
@@ -64,29 +65,31 @@ static int rank_main(int rank, int size, const char *addr, void *arg) {
     fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
     return 1;
   }
-  /* every rank has every region mapped, and the locks found, by now */
+  /* every rank has every region mapped by now */
   chorus_result rc = chorus_allreduce(c, buf, buf, COUNT, CHORUS_FLOAT32, CHORUS_SUM);
   if (rc) {
     fprintf(stderr, "rank %d: first allreduce: %s\n", rank, chorus_comm_last_error(c));
     return 1;
   }
+  atomic_fetch_add(&a->taken[1], 1);
   if (rank == VICTIM) {
-    /* the others finish their first call, whose messages from us they have */
-    usleep(300 * 1000);
+    /* the others finish their first call: none of its sends may meet the lock */
+    while (atomic_load(&a->taken[1]) < size)
+      usleep(1000);
     pthread_spinlock_t *l = prov_ofi_test_queue_lock(c->prov, a->own ? VICTIM : 0);
     if (!l) {
       fprintf(stderr, "rank %d: the transport does not know shm's queue locks\n", rank);
-      atomic_store(a->taken, -1);
+      atomic_store(&a->taken[0], -1);
       return 77;
     }
     pthread_spin_lock(l);
-    atomic_store(a->taken, 1);
+    atomic_store(&a->taken[0], 1);
     usleep(300 * 1000); /* the others' sends to the lock's rank spin on it */
     raise(SIGKILL);
   }
-  while (!atomic_load(a->taken))
+  while (!atomic_load(&a->taken[0]))
     usleep(1000);
-  if (atomic_load(a->taken) < 0) {
+  if (atomic_load(&a->taken[0]) < 0) {
     chorus_comm_destroy(c);
     return 0;
   }
