@@ -138,8 +138,11 @@ static _Noreturn int failed(chorus_comm_t *comm, const char *what, chorus_result
   report("done %d %d 1\n", (int)getpid(), rank);
   if (dies) { /* the victim dies as planned (from here), whatever failed first */
     atomic_store(&armed, 1);
-    for (;;)
-      pause();
+    for (;;) { /* exit(1) in a collective: the killer asks this thread to exit (die()) */
+      if (atomic_load(&exit_now))
+        exit(1);
+      sleep_us(1000);
+    }
   }
   exit(1);
 }
