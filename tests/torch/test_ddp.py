@@ -16,10 +16,23 @@ from conftest import PYTHON, TRAIN_DDP, free_port, run_job
 PARAMS = "2e5"  # small: these runs check results; scripts/bench-torch.sh measures speed
 
 
+def gloo_died_at_teardown(res):
+    """Debian's torch 1.13 gloo now and then aborts in its teardown after the run
+    (std::terminate from a thread left joinable: "terminate called without an
+    active exception"), its results already saved: the reference is then run
+    again, once, saying so. Nothing of Chorus's runs is excused."""
+    return any(c == -6 and "terminate called without an active exception" in o
+               and "median step time" in res.outputs[0]
+               for o, c in zip(res.outputs, res.codes))
+
+
 def train(tmp_path, nranks, backend, tag, extra=(), env=None, steps=100):
     out = tmp_path / f"{tag}.pt"
-    res = run_job(nranks, ["--backend", backend, "--steps", steps, "--params", PARAMS,
-                           "--save", out, *extra], timeout=240, env=env, script=TRAIN_DDP)
+    args = ["--backend", backend, "--steps", steps, "--params", PARAMS, "--save", out, *extra]
+    res = run_job(nranks, args, timeout=240, env=env, script=TRAIN_DDP)
+    if backend == "gloo" and gloo_died_at_teardown(res):
+        print(f"gloo reference {tag}: aborted in its teardown (exit codes {res.codes}); run again")
+        res = run_job(nranks, args, timeout=240, env=env, script=TRAIN_DDP)
     res.check()
     m = re.search(r"first loss ([\d.e+-]+), last loss ([\d.e+-]+)", res.outputs[0])
     assert m, res.text()
