@@ -293,7 +293,9 @@ struct ofi_ep {
   uint64_t pidns;    /* our PID namespace's inode, 0 if /proc is not ours */
   /* shm 1.17: each rank's queue lock in its region, NULL where unknown ("Locks left held") */
   pthread_spinlock_t **wedge;
-  bool wedge_looked; /* under wedge_mu: wedge found (or not), once needed */
+  bool wedge_looked;       /* under wedge_mu: wedge found (or not), once needed */
+  struct ofi_ep *smr_next; /* on smr_live while open ("shm's list of names") */
+  bool smr_listed;
   pthread_mutex_t wedge_mu;
   char prov_name[64];
   char errmsg[256];
@@ -998,6 +1000,185 @@ static size_t ofi_safe_posted(const struct fi_info *info) {
 static void ofi_each_port_sock(uint16_t port, void (*fn)(int fd, ino_t ino, void *arg), void *arg);
 static void ofi_raise_rcvbuf(int fd, ino_t ino, void *arg);
 
+/* ---- shm's list of names ----
+ *
+ * libfabric 1.17's shm puts an entry (the region's name, its address, list
+ * links: 280 bytes) on a process-wide list whenever an endpoint is enabled,
+ * and frees it only when the library is unloaded: every communicator made
+ * and destroyed over shm left one behind for good. So a closed endpoint's
+ * entry is taken off here. The list is libfabric's own: it is found once,
+ * in libfabric's data, as the ring that holds our endpoint's name, and it is
+ * touched only while shm says 1.17 and every entry on it is one of ours
+ * (another user of shm in the process takes the list's lock, which we
+ * cannot: then we leave it alone). Every call of ours that reads or changes
+ * the list (fi_enable, fi_av_insert, an AV's close) and the removal hold
+ * smr_mu. An entry stays while an open endpoint has its name among its
+ * peers: libfabric takes a region of this process from the list, not from
+ * a mapping of its own, and unmaps it when the entry is gone. */
+#define SMR117_VERSION FI_VERSION(117, 0) /* shm's prov_version in libfabric 1.17.x */
+#define SMR117_NAME_MAX 256               /* struct smr_ep_name: char name[256]; void *region; */
+#define SMR117_LINKS 264                  /* struct dlist_entry { next, prev }; 280 bytes in all */
+
+struct smr_links {
+  struct smr_links *next, *prev;
+};
+
+static pthread_mutex_t smr_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ofi_ep *smr_live; /* open endpoints whose entries we track */
+static char **smr_retired;      /* names of closed ones whose entries are left */
+static size_t smr_nretired;
+static struct smr_links *smr_head; /* libfabric's list, once found */
+static bool smr_off;               /* not found, or not ours alone: leave it */
+
+/* Reads n bytes at addr without faulting where nothing is mapped. */
+static bool smr_peek(const void *addr, void *out, size_t n) {
+  struct iovec l = {out, n}, r = {(void *)addr, n};
+  return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == (ssize_t)n;
+}
+
+static bool smr_entry_named(const struct smr_links *e, const char *name) {
+  char block[SMR117_LINKS + sizeof(struct smr_links)];
+  if (!smr_peek((const char *)e - SMR117_LINKS, block, sizeof(block)))
+    return false;
+  block[SMR117_NAME_MAX - 1] = '\0';
+  return strcmp(block, name) == 0;
+}
+
+/* Whether the ring at h is a list that holds name (every link checked). */
+static bool smr_ring_holds(struct smr_links *h, const char *name) {
+  struct smr_links cur, *at = h, *prev = NULL;
+  bool found = false;
+  for (long steps = 0; steps < (1l << 20); steps++) {
+    if (!smr_peek(at, &cur, sizeof(cur)) || (prev && cur.prev != prev) || !cur.next ||
+        ((uintptr_t)cur.next & 7))
+      return false;
+    if (at != h && !found)
+      found = smr_entry_named(at, name);
+    prev = at;
+    at = cur.next;
+    if (at == h)
+      return found;
+  }
+  return false;
+}
+
+/* libfabric's list head: in its writable data, the ring holding name. */
+static struct smr_links *smr_find_head(const char *name) {
+  FILE *maps = fopen("/proc/self/maps", "re");
+  char line[512];
+  struct smr_links *head = NULL;
+  if (!maps)
+    return NULL;
+  while (!head && fgets(line, sizeof(line), maps)) {
+    unsigned long a, b;
+    char perms[8];
+    if (!strstr(line, "/libfabric.so") || sscanf(line, "%lx-%lx %7s", &a, &b, perms) != 3 ||
+        perms[0] != 'r' || perms[1] != 'w')
+      continue;
+    for (unsigned long p = a; !head && p + sizeof(struct smr_links) <= b; p += 8) {
+      const struct smr_links *c = (const struct smr_links *)p;
+      struct smr_links n;
+      if (!c->next || (void *)c->next == c || ((uintptr_t)c->next & 7) ||
+          !smr_peek(c->next, &n, sizeof(n)) || (void *)n.prev != c)
+        continue;
+      if (smr_ring_holds((struct smr_links *)p, name))
+        head = (struct smr_links *)p;
+    }
+  }
+  fclose(maps);
+  return head;
+}
+
+/* Whether an open endpoint may hold name's region through the list. */
+static bool smr_in_use(const char *name) {
+  for (struct ofi_ep *o = smr_live; o; o = o->smr_next) {
+    if (o->peers && !o->db_peers)
+      return true; /* peers' names unknown */
+    for (int r = 0; o->db_peers && r < o->nranks; r++)
+      if (strcmp(o->db_peers[r].shm_name, name) == 0)
+        return true;
+  }
+  return false;
+}
+
+/* Takes name's entry off the list (under smr_mu); false if none is there. */
+static bool smr_forget(const char *name) {
+  for (struct smr_links *e = smr_head->next; e != smr_head; e = e->next)
+    if (strncmp((const char *)e - SMR117_LINKS, "chorus-", 7) != 0) {
+      smr_off = true; /* not ours alone */
+      return false;
+    }
+  for (struct smr_links *e = smr_head->next; e != smr_head; e = e->next)
+    if (strcmp((const char *)e - SMR117_LINKS, name) == 0) {
+      e->prev->next = e->next;
+      e->next->prev = e->prev;
+      free((char *)e - SMR117_LINKS);
+      return true;
+    }
+  return false;
+}
+
+/* After o's enable (under smr_mu): track its entry if shm 1.17 made one. */
+static void smr_track(struct ofi_ep *o) {
+  if (smr_off || !o->region[0] || o->info->fabric_attr->prov_version != SMR117_VERSION ||
+      strcmp(o->info->fabric_attr->prov_name, "shm") != 0)
+    return;
+  o->smr_listed = true;
+  o->smr_next = smr_live;
+  smr_live = o;
+}
+
+/* After o's close (every fid of it closed): its entry, and any left
+ * before that no open endpoint needs now, come off the list. */
+static void smr_untrack(struct ofi_ep *o) {
+  pthread_mutex_lock(&smr_mu);
+  if (!o->smr_listed) {
+    pthread_mutex_unlock(&smr_mu);
+    return;
+  }
+  for (struct ofi_ep **pp = &smr_live; *pp; pp = &(*pp)->smr_next)
+    if (*pp == o) {
+      *pp = o->smr_next;
+      break;
+    }
+  if (!smr_off && !smr_head && !(smr_head = smr_find_head(o->region)))
+    smr_off = true;
+  char **grown = smr_off ? NULL : realloc(smr_retired, (smr_nretired + 1) * sizeof(*grown));
+  if (grown && (grown[smr_nretired] = strdup(o->region))) {
+    smr_retired = grown;
+    smr_nretired++;
+  } else if (grown) {
+    smr_retired = grown;
+  }
+  size_t keep = 0;
+  for (size_t i = 0; i < smr_nretired; i++) {
+    if (!smr_off && !smr_in_use(smr_retired[i])) {
+      (void)smr_forget(smr_retired[i]);
+      if (!smr_off) {
+        free(smr_retired[i]);
+        continue;
+      }
+    }
+    smr_retired[keep++] = smr_retired[i];
+  }
+  smr_nretired = keep;
+  if (smr_off) { /* for good: nothing more to remember */
+    for (size_t i = 0; i < smr_nretired; i++)
+      free(smr_retired[i]);
+    free(smr_retired);
+    smr_retired = NULL;
+    smr_nretired = 0;
+  }
+  pthread_mutex_unlock(&smr_mu);
+}
+
+/* fi_close of an AV under smr_mu (shm's AV close reads the list). */
+static void smr_close_av(struct fid_av *av) {
+  pthread_mutex_lock(&smr_mu);
+  fi_close(&av->fid);
+  pthread_mutex_unlock(&smr_mu);
+}
+
 static int ofi_open_cq(struct ofi_ep *o) {
   struct fi_cq_attr attr = {
       .format = FI_CQ_FORMAT_TAGGED,
@@ -1189,8 +1370,13 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
   rc = fi_ep_bind(o->ep, &o->av->fid, 0);
   if (!rc)
     rc = fi_ep_bind(o->ep, &o->cq->fid, FI_TRANSMIT | FI_RECV);
-  if (!rc)
+  if (!rc) {
+    pthread_mutex_lock(&smr_mu);
     rc = fi_enable(o->ep);
+    if (!rc)
+      smr_track(o);
+    pthread_mutex_unlock(&smr_mu);
+  }
   if (!rc)
     rc = fi_getname(&o->ep->fid, fab, &fab_len);
   if (rc) {
@@ -1244,11 +1430,12 @@ out_close_endpoint:
 out_close_cq:
   fi_close(&o->cq->fid);
 out_close_av:
-  fi_close(&o->av->fid);
+  smr_close_av(o->av);
 out_close_domain:
   fi_close(&o->domain->fid);
 out_close_fabric:
   fi_close(&o->fabric->fid);
+  smr_untrack(o);
 out_free_info:
   fi_freeinfo(o->info);
   rc = ofi_to_errno(rc);
@@ -1264,7 +1451,7 @@ static int ofi_getname(prov_t *p, void *addr, size_t *len) {
   return prov_copy_name(o->addr, o->addrlen, addr, len);
 }
 
-static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens, int n) {
+static int add_peers_locked(prov_t *p, const void *const *addrs, const size_t *lens, int n) {
   struct ofi_ep *o = to_ofi(p);
   bool no_cma = db_cma_disabled();
   struct ofi_peer_addr pa;
@@ -1338,6 +1525,15 @@ out_free_peers:
   o->held = NULL;
   free(o->peers);
   o->peers = NULL;
+  return rc;
+}
+
+/* Under smr_mu: shm's fi_av_insert reads its list of names, and the
+ * peers' names kept here say which entries of it are still in use. */
+static int ofi_add_peers(prov_t *p, const void *const *addrs, const size_t *lens, int n) {
+  pthread_mutex_lock(&smr_mu);
+  int rc = add_peers_locked(p, addrs, lens, n);
+  pthread_mutex_unlock(&smr_mu);
   return rc;
 }
 
@@ -1876,10 +2072,9 @@ bool prov_ofi_test_pid_dead(int32_t pid) {
  * shm says 1.17 and our own region reads as 1.17 lays it out (our pid, then
  * the region's own address); peers' regions must carry their pid as well.
  */
-#define SMR117_VERSION FI_VERSION(117, 0) /* shm's prov_version in libfabric 1.17.x */
-#define SMR117_PID 4                      /* int: the owner's pid */
-#define SMR117_BASE 16                    /* void *: the region's address in its owner */
-#define SMR117_LOCK 24                    /* pthread_spinlock_t: the queue's lock */
+#define SMR117_PID 4   /* int: the owner's pid */
+#define SMR117_BASE 16 /* void *: the region's address in its owner */
+#define SMR117_LOCK 24 /* pthread_spinlock_t: the queue's lock */
 #define OFI_WEDGE_NS (200l * 1000 * 1000)
 
 static long ofi_elapsed_ns(const struct timespec *t0);
@@ -2996,9 +3191,10 @@ static void ofi_close(prov_t *p) {
     memreg_free(o->bounce);
 
   fi_close(&o->cq->fid);
-  fi_close(&o->av->fid);
+  smr_close_av(o->av);
   fi_close(&o->domain->fid);
   fi_close(&o->fabric->fid);
+  smr_untrack(o);
   ofi_close_strays(o->listen_port, &strays);
   fi_freeinfo(o->info);
   db_close(o);
