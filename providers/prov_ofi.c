@@ -295,7 +295,6 @@ struct ofi_ep {
   pthread_spinlock_t **wedge;
   bool wedge_looked;       /* under wedge_mu: wedge found (or not), once needed */
   struct ofi_ep *smr_next; /* on smr_live while open ("shm's list of names") */
-  bool smr_listed;
   pthread_mutex_t wedge_mu;
   char prov_name[64];
   char errmsg[256];
@@ -1023,6 +1022,12 @@ struct smr_links {
   struct smr_links *next, *prev;
 };
 
+/* Whether o is an endpoint of libfabric 1.17's shm with a region we named. */
+static bool ofi_smr117(const struct ofi_ep *o) {
+  return o->region[0] && o->info->fabric_attr->prov_version == SMR117_VERSION &&
+         strcmp(o->info->fabric_attr->prov_name, "shm") == 0;
+}
+
 static pthread_mutex_t smr_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ofi_ep *smr_live; /* open endpoints whose entries we track */
 static char **smr_retired;      /* names of closed ones whose entries are left */
@@ -1101,29 +1106,51 @@ static bool smr_in_use(const char *name) {
   return false;
 }
 
-/* Takes name's entry off the list (under smr_mu); false if none is there. */
-static bool smr_forget(const char *name) {
+/* Whether every entry on the list is one of ours (under smr_mu). */
+static bool smr_ours_alone(void) {
   for (struct smr_links *e = smr_head->next; e != smr_head; e = e->next)
-    if (strncmp((const char *)e - SMR117_LINKS, "chorus-", 7) != 0) {
-      smr_off = true; /* not ours alone */
+    if (strncmp((const char *)e - SMR117_LINKS, "chorus-", 7) != 0)
       return false;
-    }
+  return true;
+}
+
+/* Takes name's entry off the list, if it is there (under smr_mu). */
+static void smr_forget(const char *name) {
   for (struct smr_links *e = smr_head->next; e != smr_head; e = e->next)
     if (strcmp((const char *)e - SMR117_LINKS, name) == 0) {
       e->prev->next = e->next;
       e->next->prev = e->prev;
       free((char *)e - SMR117_LINKS);
-      return true;
+      return;
     }
-  return false;
+}
+
+/* Leaves the list alone for good (under smr_mu). */
+static void smr_give_up(void) {
+  smr_off = true;
+  for (size_t i = 0; i < smr_nretired; i++)
+    free(smr_retired[i]);
+  free(smr_retired);
+  smr_retired = NULL;
+  smr_nretired = 0;
+}
+
+/* Adds name to smr_retired (under smr_mu); false when out of memory. */
+static bool smr_retire(const char *name) {
+  char **grown = realloc(smr_retired, (smr_nretired + 1) * sizeof(*grown));
+  if (!grown)
+    return false;
+  smr_retired = grown;
+  if (!(smr_retired[smr_nretired] = strdup(name)))
+    return false;
+  smr_nretired++;
+  return true;
 }
 
 /* After o's enable (under smr_mu): track its entry if shm 1.17 made one. */
 static void smr_track(struct ofi_ep *o) {
-  if (smr_off || !o->region[0] || o->info->fabric_attr->prov_version != SMR117_VERSION ||
-      strcmp(o->info->fabric_attr->prov_name, "shm") != 0)
+  if (smr_off || !ofi_smr117(o))
     return;
-  o->smr_listed = true;
   o->smr_next = smr_live;
   smr_live = o;
 }
@@ -1131,43 +1158,26 @@ static void smr_track(struct ofi_ep *o) {
 /* After o's close (every fid of it closed): its entry, and any left
  * before that no open endpoint needs now, come off the list. */
 static void smr_untrack(struct ofi_ep *o) {
+  struct ofi_ep **pp = &smr_live;
   pthread_mutex_lock(&smr_mu);
-  if (!o->smr_listed) {
-    pthread_mutex_unlock(&smr_mu);
-    return;
-  }
-  for (struct ofi_ep **pp = &smr_live; *pp; pp = &(*pp)->smr_next)
-    if (*pp == o) {
-      *pp = o->smr_next;
-      break;
-    }
-  if (!smr_off && !smr_head && !(smr_head = smr_find_head(o->region)))
-    smr_off = true;
-  char **grown = smr_off ? NULL : realloc(smr_retired, (smr_nretired + 1) * sizeof(*grown));
-  if (grown && (grown[smr_nretired] = strdup(o->region))) {
-    smr_retired = grown;
-    smr_nretired++;
-  } else if (grown) {
-    smr_retired = grown;
-  }
-  size_t keep = 0;
-  for (size_t i = 0; i < smr_nretired; i++) {
-    if (!smr_off && !smr_in_use(smr_retired[i])) {
-      (void)smr_forget(smr_retired[i]);
-      if (!smr_off) {
-        free(smr_retired[i]);
+  while (*pp && *pp != o)
+    pp = &(*pp)->smr_next;
+  if (*pp) {
+    *pp = o->smr_next;
+    if (!smr_off && !smr_head)
+      smr_head = smr_find_head(o->region);
+    if (!smr_off && (!smr_head || !smr_ours_alone() || !smr_retire(o->region)))
+      smr_give_up();
+    size_t keep = 0;
+    for (size_t i = 0; i < smr_nretired; i++) {
+      if (smr_in_use(smr_retired[i])) {
+        smr_retired[keep++] = smr_retired[i];
         continue;
       }
-    }
-    smr_retired[keep++] = smr_retired[i];
-  }
-  smr_nretired = keep;
-  if (smr_off) { /* for good: nothing more to remember */
-    for (size_t i = 0; i < smr_nretired; i++)
+      smr_forget(smr_retired[i]);
       free(smr_retired[i]);
-    free(smr_retired);
-    smr_retired = NULL;
-    smr_nretired = 0;
+    }
+    smr_nretired = keep;
   }
   pthread_mutex_unlock(&smr_mu);
 }
@@ -2099,8 +2109,7 @@ static void wedge_find(struct ofi_ep *o) {
   if (o->wedge_looked)
     return;
   o->wedge_looked = true;
-  if (!o->peers || !o->db_peers || !o->region[0] ||
-      o->info->fabric_attr->prov_version != SMR117_VERSION)
+  if (!o->peers || !o->db_peers || !ofi_smr117(o))
     return;
   FILE *maps = fopen("/proc/self/maps", "re");
   if (!maps)
