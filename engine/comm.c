@@ -16,6 +16,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1054,6 +1055,55 @@ static void sock_listen_addr(const chorus_comm_t *c, char *out, size_t len) {
   }
 }
 
+/* CHORUS_FAULTS as a plan, once. */
+static chorus_result comm_faults_load(chorus_comm_t *c) {
+  char err[1024];
+
+  if (!c->set.faults[0] || c->faults)
+    return CHORUS_SUCCESS;
+  if (fault_plan_parse(c->set.faults, &c->faults, err, sizeof(err)))
+    return comm_error(c, CHORUS_ERR_ENV, "CHORUS_FAULTS: %s", err);
+  return CHORUS_SUCCESS;
+}
+
+/* CHORUS_FAULTS kill and stall rules at=create#STAGE, as this rank forms a
+ * communicator from a rendezvous: it dies, or sleeps, right after stage
+ * 1 (joined the rendezvous), 2 (opened its transport), 3 (inserted every
+ * peer's endpoint) or 4 (started its watchdog, about to return). */
+static chorus_result comm_create_faults(chorus_comm_t *c, int stage) {
+  static const char *const what[] = {"", "joined the rendezvous", "opened its transport",
+                                     "inserted the peers' endpoints", "started its watchdog"};
+  chorus_result ret;
+  double s = 0;
+
+  if (!c->set.faults[0] || !c->boot)
+    return CHORUS_SUCCESS;
+  if ((ret = comm_faults_load(c)))
+    return ret;
+  switch (fault_plan_on_call(c->faults, c->rank, FAULT_AT_CREATE, (uint64_t)stage, &s)) {
+  case FAULT_CALL_KILL:
+    eng_log(ENG_WARN, c->rank, "fault",
+            "killing this rank while it forms the communicator, at create#%d: %s (CHORUS_FAULTS)",
+            stage, what[stage]);
+    fflush(NULL);
+    raise(SIGKILL);
+    break;
+  case FAULT_CALL_STALL:
+    eng_log(ENG_WARN, c->rank, "fault",
+            "freezing this rank for %.1f s while it forms the communicator, at create#%d: %s "
+            "(CHORUS_FAULTS)",
+            s, stage, what[stage]);
+    for (uint64_t end = fsm_now_ns() + (uint64_t)(s * 1e9), now; (now = fsm_now_ns()) < end;) {
+      struct timespec ts = {(time_t)((end - now) / 1000000000u), (long)((end - now) % 1000000000u)};
+      nanosleep(&ts, NULL);
+    }
+    break;
+  default:
+    break;
+  }
+  return CHORUS_SUCCESS;
+}
+
 chorus_result comm_open_transport(chorus_comm_t *c) {
   char err[1024] = "", listen_addr[sizeof(c->sock_listen)];
   const char *name = choose_provider(c);
@@ -1073,8 +1123,9 @@ chorus_result comm_open_transport(chorus_comm_t *c) {
   sock_listen_addr(c, listen_addr, sizeof(listen_addr));
   snprintf(c->sock_listen, sizeof(c->sock_listen), "%s", listen_addr);
   if (c->set.faults[0]) {
-    if (fault_plan_parse(c->set.faults, &c->faults, err, sizeof(err)))
-      return comm_error(c, CHORUS_ERR_ENV, "CHORUS_FAULTS: %s", err);
+    chorus_result ret = comm_faults_load(c);
+    if (ret)
+      return ret;
     /* the sequence field of exec_tag(): collective numbers in tags */
     cfg.faults = c->set.faults;
     cfg.fault_tag_seq_shift = 24;
@@ -1243,7 +1294,8 @@ static chorus_result comm_setup(chorus_comm_t *c, const char *host) {
   chorus_result ret;
 
   if ((ret = comm_topo_init(c)) || (ret = comm_open_transport(c)) ||
-      (ret = exchange_endpoints(c, host)))
+      (ret = comm_create_faults(c, 2)) || (ret = exchange_endpoints(c, host)) ||
+      (ret = comm_create_faults(c, 3)))
     return ret;
   return comm_start(c);
 }
@@ -1317,7 +1369,7 @@ chorus_result comm_init_with(chorus_comm_t **comm, const comm_init_t *in) {
     ret = eng_error((chorus_result)rc, "rank %d: %s", in->rank, err);
     goto out_free;
   }
-  if ((ret = comm_setup(c, host))) {
+  if ((ret = comm_create_faults(c, 1)) || (ret = comm_setup(c, host))) {
     eng_error(ret, "%s", c->last_error);
     goto out_free;
   }
@@ -1325,7 +1377,7 @@ chorus_result comm_init_with(chorus_comm_t **comm, const comm_init_t *in) {
     eng_error(ret, "%s", c->last_error);
     goto out_free;
   }
-  if ((ret = watch_start(c))) {
+  if ((ret = watch_start(c)) || (ret = comm_create_faults(c, 4))) {
     eng_handle_remove(c);
     eng_error(ret, "%s", c->last_error);
     goto out_free;

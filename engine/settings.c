@@ -272,7 +272,8 @@ static const struct setting settings_table[] = {
      "fault injection, e.g. seed=7;drop:p=0.01;kill:rank=3,at=allreduce#100; empty = none\n"
      "Rules are separated by semicolons, each kind:key=val,key=val with kinds drop, delay:ms=M, "
      "dup, reorder, corrupt, kill and stall:s=S and keys rank, peer, at, from, to, n, p; seed=N "
-     "sets the draws. The grammar is in providers/prov.h and README.md, \"Fault injection\".",
+     "sets the draws; kill and stall also take at=create#1..4, stages of forming the "
+     "communicator. The grammar is in providers/prov.h and README.md, \"Fault injection\".",
      FIELD(faults), 0, 0},
 
     {"CHORUS_RANK", SET_LAUNCH, NULL, "this process's rank (chorus-run or by hand)", LAUNCH},

@@ -25,10 +25,11 @@ static const char *const kind_names[FAULT_KIND_COUNT] = {"drop",    "delay", "du
 
 /* The engine's collective kinds (coll_kind_str in engine/algos/algos.c;
  * providers do not include the engine, tests/providers/test_fault.c checks
- * that every one of them is accepted here). */
+ * that every one of them is accepted here), and the stages of forming a
+ * communicator. */
 static const char *const coll_names[] = {"allreduce",      "bcast",    "reduce", "allgather",
                                          "reduce_scatter", "alltoall", "gather", "scatter",
-                                         "barrier",        "send",     "recv"};
+                                         "barrier",        "send",     "recv",   FAULT_AT_CREATE};
 
 const char *fault_kind_str(fault_kind_t kind) {
   return (unsigned)kind < FAULT_KIND_COUNT ? kind_names[kind] : "?";
@@ -93,6 +94,9 @@ fault_call_t fault_plan_on_call(const fault_plan_t *plan, int rank, const char *
     if (!fault_kind_is_call(r->kind) || r->rank != rank || !r->has_at || r->at != seq)
       continue;
     if (r->coll[0] && (!kind_name || strcmp(kind_name, r->coll) != 0))
+      continue;
+    /* a stage of forming the communicator is no call number */
+    if (!r->coll[0] && kind_name && strcmp(kind_name, FAULT_AT_CREATE) == 0)
       continue;
     if (r->p < 1.0 && !(fault_unit(fault_hash(plan->seed, (uint64_t)i, (uint64_t)(uint32_t)rank,
                                               seq, 0xca11, 0)) < r->p))
@@ -314,7 +318,7 @@ static int parse_seq(struct parser *ps, size_t vs, size_t ve, bool kind_ok, cons
       quote(q, sizeof(q), ps->s, vs, i, 24);
       return perr(ps, vs,
                   "unknown collective \"%s\" in %s= (allreduce, bcast, reduce, allgather, "
-                  "reduce_scatter, alltoall, gather, scatter, barrier, send, recv)",
+                  "reduce_scatter, alltoall, gather, scatter, barrier, send, recv, create)",
                   q, key);
     }
     snprintf(r->coll, sizeof(r->coll), "%s", coll_names[k]);

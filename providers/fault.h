@@ -79,6 +79,11 @@ const char *fault_kind_str(fault_kind_t kind); /* "drop", ..., "?" */
 /* kill and stall act on calls; the others on messages. */
 bool fault_kind_is_call(fault_kind_t kind);
 
+/* at=create#STAGE: a stage of forming a communicator, not a collective
+ * (engine/comm.c, comm_create_faults); a rule with no kind never matches
+ * one. */
+#define FAULT_AT_CREATE "create"
+
 /* What the engine should do at the start of a collective. */
 typedef enum fault_call { FAULT_CALL_NONE, FAULT_CALL_KILL, FAULT_CALL_STALL } fault_call_t;
 

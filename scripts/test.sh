@@ -26,7 +26,8 @@ if ./scripts/build.sh build-asan -DCHORUS_SANITIZE=ON -DCHORUS_BUILD_MPI_BENCH=O
   # tcp at 1..9 and 16 ranks, run in the developer build only - under ASan they take over ten minutes each; the
   # same code paths run sanitized through the other tests; "valgrind": scripts/valgrind.sh's
   # job, registered only in a build configured with -DCHORUS_VALGRIND=ON, never in the suite;
-  # "soak": test_faults_long, the long fault matrix, run by hand: ctest -L soak)
+  # "soak": test_faults_long, the long fault matrix, and test_api_long, 10,000
+  # create/destroy cycles, run by hand: ctest -L soak)
   # a log holding only the runtime's notes ("Running thread ... was not
   # suspended" in forked ranks) is no report; errors and leaks are
   reports=$(grep -lE "ERROR: |runtime error|SUMMARY: " "$san_logs"/* 2>/dev/null)

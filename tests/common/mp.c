@@ -141,6 +141,7 @@ mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const c
           continue;
         pids[r] = 0;
         left--;
+        res.ended[r] = now_s();
         if (WIFEXITED(st))
           res.status[r] = WEXITSTATUS(st);
         else

@@ -12,11 +12,13 @@
 typedef int (*mp_rank_fn)(int rank, int size, const char *rendezvous, void *arg);
 
 typedef struct mp_result {
-  int failed;     /* ranks that returned non-zero, crashed or timed out */
-  int timed_out;  /* 1 when the run was killed at the timeout */
-  int status[64]; /* exit status per rank (-signal when killed) */
-  int pids[64];   /* process id of each rank */
-  long started;   /* CLOCK_REALTIME seconds when the ranks were forked */
+  int failed;       /* ranks that returned non-zero, crashed or timed out */
+  int timed_out;    /* 1 when the run was killed at the timeout */
+  int status[64];   /* exit status per rank (-signal when killed) */
+  int pids[64];     /* process id of each rank */
+  long started;     /* CLOCK_REALTIME seconds when the ranks were forked */
+  double ended[64]; /* CLOCK_MONOTONIC seconds when each rank was seen to end
+                       (within 2 ms of its exit; 0 if never) */
 } mp_result_t;
 
 /* A free TCP port on 127.0.0.1. */

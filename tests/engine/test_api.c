@@ -27,8 +27,16 @@
 /* tcp's cycle costs ~0.25 s: libfabric's rxm layer fills ~150 MiB of bounce
  * buffers when the endpoint is enabled (1024 per pool, FI_OFI_RXM_BUFFER_SIZE
  * each) and unmaps them at close; shm's costs ~20 ms */
+#ifdef API_LONG /* test_api_long, label soak: the figure of 10,000 cycles */
+#define CYCLES_SHM 10000
+#define CYCLES_SECS 3000
+#else
 #define CYCLES_SHM 2000
+#endif
 #define CYCLES_TCP 200
+#endif
+#ifndef CYCLES_SECS
+#define CYCLES_SECS 400 /* a cycle run's time limit */
 #endif
 /* bytes of heap a create/destroy cycle may leave on average (allocator
  * slack, none kept for good) */
@@ -209,6 +217,7 @@ static int cycle_rank(int rank, int size, const char *addr, void *arg) {
   int fds_base = 0;
   size_t heap_base = 0;     /* bytes malloc has handed out, after cycle first - 1 */
   long floor[2] = {-1, -1}; /* lowest RSS over cycles first..mid-1 and mid..n-1 */
+  long rss_base = 0, rss = 0;
   float x[64];
 
   for (int i = 0; i < n; i++) {
@@ -235,7 +244,9 @@ static int cycle_rank(int rank, int size, const char *addr, void *arg) {
       heap_base = mallinfo2().uordblks;
     }
     if (i >= first - 1) {
-      long rss = settled_rss();
+      rss = settled_rss();
+      if (i == first - 1)
+        rss_base = rss;
       int half = i < mid - 1 ? 0 : 1;
       if (floor[half] < 0 || rss < floor[half])
         floor[half] = rss;
@@ -244,9 +255,9 @@ static int cycle_rank(int rank, int size, const char *addr, void *arg) {
   int fds = mp_count_fds();
   long heap_growth = (long)mallinfo2().uordblks - (long)heap_base;
   printf("rank %d: after %d cycles: fds %d (at %d: %d), lowest RSS KiB over cycles %d-%d: %ld, "
-         "%d-%d: %ld; heap in use grew by %ld B from cycle %d\n",
-         rank, n, fds, first, fds_base, first, mid - 1, floor[0], mid, n, floor[1], heap_growth,
-         first);
+         "%d-%d: %ld; RSS KiB at %d: %ld, at %d: %ld; heap in use grew by %ld B from cycle %d\n",
+         rank, n, fds, first, fds_base, first, mid - 1, floor[0], mid, n, floor[1], first, rss_base,
+         n, rss, heap_growth, first);
 #ifndef __SANITIZE_ADDRESS__
   /* What a cycle leaves on the heap, exactly (RSS moves by pages): shm
    * 1.17's name entry alone was 280 B a cycle ("shm's list of names"). */
@@ -278,14 +289,14 @@ static void cycles(const char *prov, int n, long step_kib, bool heap_flat) {
   cycles_t cy = {n, step_kib, heap_flat};
   snprintf(env, sizeof(env), "CHORUS_PROVIDER=%s", prov);
   const char *envs[] = {env, NULL};
-  mp_result_t r = mp_run(2, cycle_rank, &cy, 400, envs);
+  mp_result_t r = mp_run(2, cycle_rank, &cy, CYCLES_SECS, envs);
   cr_assert_eq(r.failed, 0, "%s: %d rank(s) failed", prov, r.failed);
   cr_expect_eq(mp_count_dev_shm_of(&r, 2), 0, "%s: the ranks left files in /dev/shm", prov);
 }
 
-Test(api, create_destroy_shm, .timeout = 500) {
+Test(api, create_destroy_shm, .timeout = CYCLES_SECS + 100) {
   cycles("shm", CYCLES_SHM, 0, true);
 }
-Test(api, create_destroy_tcp, .timeout = 500) {
+Test(api, create_destroy_tcp, .timeout = CYCLES_SECS + 100) {
   cycles("tcp", CYCLES_TCP, 24L * 1024, false);
 }

@@ -14,6 +14,9 @@
  *  - allreduce over buffers 1, 2 and 3 bytes off their alignment, every
  *    dtype, over shm and sock: exact (in the sanitizer build, UBSan checks
  *    every load and store of the reduction kernels).
+ *  - a rank killed while the communicator forms (CHORUS_FAULTS
+ *    kill:at=create#STAGE, each of the four stages, over shm and sock):
+ *    every other rank's init ends within two watchdog periods, naming it.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -22,9 +25,11 @@
 #include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -311,4 +316,103 @@ Test(doors, misaligned_buffers_shm) {
 
 Test(doors, misaligned_buffers_sock) {
   misaligned_job("sock");
+}
+
+/* ---- a rank killed while the communicator forms ---- */
+
+#define FORM_RANKS 4
+#define FORM_VICTIM 2
+#define FORM_WATCHDOG_MS 1000
+
+typedef struct {
+  double ended[FORM_RANKS];  /* as its init returned */
+  double failed[FORM_RANKS]; /* as its first call failed, when init succeeded */
+  int init_rc[FORM_RANKS], rc[FORM_RANKS];
+  char err[FORM_RANKS][256];
+} form_t;
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int forming_body(int rank, int size, const char *rdv, void *arg) {
+  form_t *f = arg;
+  chorus_comm_t *c = NULL;
+  chorus_result rc;
+  float x = 1;
+
+  rc = chorus_comm_init(&c, rank, size, rdv);
+  f->ended[rank] = mono_s();
+  f->init_rc[rank] = f->rc[rank] = rc;
+  if (rank == FORM_VICTIM) {
+    fprintf(stderr, "rank %d: init returned (%s) although CHORUS_FAULTS kills it there\n", rank,
+            chorus_strerror(rc));
+    return 1;
+  }
+  if (rc) {
+    snprintf(f->err[rank], sizeof(f->err[rank]), "%s", chorus_last_error());
+    return 0;
+  }
+  /* formed before the victim died (stage 4): the first call names it */
+  rc = chorus_allreduce(c, &x, &x, 1, CHORUS_FLOAT32, CHORUS_SUM);
+  f->failed[rank] = mono_s();
+  f->rc[rank] = rc;
+  snprintf(f->err[rank], sizeof(f->err[rank]), "%s",
+           rc ? chorus_comm_last_error(c) : "the allreduce succeeded");
+  chorus_comm_destroy(c);
+  return 0;
+}
+
+static void killed_while_forming(const char *provider, int stage) {
+  char p[64], faults[64], wd[64];
+  const char *env[] = {p, faults, wd, "CHORUS_CONNECT_TIMEOUT=30", NULL};
+  form_t *f = mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  mp_result_t r;
+
+  cr_assert(f != MAP_FAILED);
+  memset(f, 0, sizeof(*f));
+  snprintf(p, sizeof(p), "CHORUS_PROVIDER=%s", provider);
+  snprintf(faults, sizeof(faults), "CHORUS_FAULTS=kill:rank=%d,at=create#%d", FORM_VICTIM, stage);
+  snprintf(wd, sizeof(wd), "CHORUS_WATCHDOG_MS=%d", FORM_WATCHDOG_MS);
+  r = mp_run(FORM_RANKS, forming_body, f, 90.0, env);
+  cr_assert_eq(r.timed_out, 0, "%s, create#%d: the job hung", provider, stage);
+  cr_assert_eq(r.status[FORM_VICTIM], -SIGKILL, "%s, create#%d: rank %d ended with status %d",
+               provider, stage, FORM_VICTIM, r.status[FORM_VICTIM]);
+  for (int i = 0; i < FORM_RANKS; i++) {
+    /* from the victim's death, as mp_run saw it (within 2 ms) */
+    double died = r.ended[FORM_VICTIM], waited = f->ended[i] - died;
+
+    if (i == FORM_VICTIM)
+      continue;
+    if (f->init_rc[i])
+      cr_log_info("%s, rank %d killed at create#%d: rank %d's init failed %.3f s after its "
+                  "death: %s",
+                  provider, FORM_VICTIM, stage, i, waited, f->err[i]);
+    else
+      cr_log_info("%s, rank %d killed at create#%d: rank %d's init returned %.3f s after its "
+                  "death, its first allreduce failed %.3f s after it: %s",
+                  provider, FORM_VICTIM, stage, i, waited, f->failed[i] - died, f->err[i]);
+    cr_assert_eq(r.status[i], 0, "%s, create#%d: rank %d failed (status %d)", provider, stage, i,
+                 r.status[i]);
+    cr_assert_neq(f->rc[i], CHORUS_SUCCESS, "%s, create#%d: rank %d: %s", provider, stage, i,
+                  f->err[i]);
+    cr_assert(strstr(f->err[i], "rank 2"), "%s, create#%d: rank %d's error names no rank 2: %s",
+              provider, stage, i, f->err[i]);
+    cr_assert_leq(waited, 2.0 * FORM_WATCHDOG_MS / 1000.0,
+                  "%s, create#%d: rank %d's init ended %.3f s after rank 2 died: %s", provider,
+                  stage, i, waited, f->err[i]);
+  }
+  munmap(f, sizeof(*f));
+}
+
+Test(doors, a_rank_killed_while_forming_shm, .timeout = 400) {
+  for (int stage = 1; stage <= 4; stage++)
+    killed_while_forming("shm", stage);
+}
+
+Test(doors, a_rank_killed_while_forming_sock, .timeout = 400) {
+  for (int stage = 1; stage <= 4; stage++)
+    killed_while_forming("sock", stage);
 }

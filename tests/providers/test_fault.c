@@ -282,6 +282,28 @@ Test(fault, every_engine_collective_is_known) {
   }
 }
 
+/* at=create#STAGE names a stage of forming a communicator: only rules that
+ * say create match it, and they match no collective. */
+Test(fault, create_stages) {
+  fault_plan_t *plan = NULL;
+  char err[256];
+  double s = 0;
+
+  cr_assert_eq(fault_plan_parse("kill:rank=1,at=#2;kill:rank=2,at=create#3;"
+                                "stall:rank=3,at=create#1,s=4",
+                                &plan, err, sizeof(err)),
+               0, "%s", err);
+  cr_assert_eq(fault_plan_on_call(plan, 1, FAULT_AT_CREATE, 2, NULL), FAULT_CALL_NONE);
+  cr_assert_eq(fault_plan_on_call(plan, 1, "allreduce", 2, NULL), FAULT_CALL_KILL);
+  cr_assert_eq(fault_plan_on_call(plan, 2, FAULT_AT_CREATE, 3, NULL), FAULT_CALL_KILL);
+  cr_assert_eq(fault_plan_on_call(plan, 2, FAULT_AT_CREATE, 2, NULL), FAULT_CALL_NONE);
+  cr_assert_eq(fault_plan_on_call(plan, 2, "allreduce", 3, NULL), FAULT_CALL_NONE);
+  cr_assert_eq(fault_plan_on_call(plan, 2, NULL, 3, NULL), FAULT_CALL_NONE);
+  cr_assert_eq(fault_plan_on_call(plan, 3, FAULT_AT_CREATE, 1, &s), FAULT_CALL_STALL);
+  cr_assert_eq(s, 4.0);
+  fault_plan_free(plan);
+}
+
 Test(fault, call_faults) {
   fault_plan_t *plan = NULL;
   char err[256];
