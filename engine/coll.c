@@ -148,7 +148,7 @@ CHORUS_API chorus_result chorus_group_end(void) {
    * receive it pairs with on the peer are both in flight. */
   for (size_t i = 0; i < g->n; i++)
     if (g->q[i])
-      comm_submit(g->q[i]->comm, g->q[i], true);
+      comm_submit(g->q[i]->comm, g->q[i], true, 0);
   first = g->first_err;
   if (first)
     eng_error(first, "chorus_group_end: a call inside the group failed: %s",
@@ -1030,6 +1030,23 @@ out_nomem:
   return comm_error(c, CHORUS_ERR_NO_MEMORY, "%s: out of memory", k->fn);
 }
 
+/* Starting. A nonblocking call waited for at once (torch's synchronous
+ * calls: the backend must post, then wait) cost more than the blocking
+ * call: its first round left the transport armed for the sleeping progress
+ * thread, so the peer rang its doorbell, the thread woke, found the caller
+ * driving and stepped aside again. A small call's caller now drives it for
+ * up to START_DRIVE_NS before it returns: waited for at once, or with its
+ * peers already there, it is complete by then; else the progress thread
+ * takes it on as before. Larger calls keep to one round, so that they
+ * overlap the caller's work from the start (DDP's buckets), and so do
+ * ranks crowding the cores, where a caller's drive holds up the peers it
+ * waits for, and point-to-point calls (a receive is mostly posted before
+ * its send leaves: driving it would only spin). Measurements: the commit
+ * that set these. */
+#define START_DRIVE_NS (20 * 1000)
+#define START_DRIVE_MAX_BYTES (64u << 10)
+#define START_DRIVE_RANKS_PER_CORE 2
+
 static chorus_result coll_issue(chorus_comm_t *comm, const coll_call_t *k, chorus_request_t **req,
                                 bool blocking) {
   chorus_request_t *r;
@@ -1062,8 +1079,13 @@ static chorus_result coll_issue(chorus_comm_t *comm, const coll_call_t *k, choru
       *req = r;
     return CHORUS_SUCCESS;
   }
-  /* a blocking call drives it itself (comm_drive): no wake-up */
-  comm_submit(comm, r, !blocking);
+  /* a blocking call drives it itself (comm_drive): no wake-up; a small
+   * nonblocking one is driven a while by its caller first ("Starting") */
+  comm_submit(comm, r, !blocking,
+              blocking || k->coll == COLL_SEND || k->coll == COLL_RECV ||
+                      r->count * chorus_dtype_size(k->dtype) > START_DRIVE_MAX_BYTES
+                  ? 0
+                  : comm->start_drive_ns);
   if (!blocking) {
     *req = r;
     return CHORUS_SUCCESS;
@@ -1406,6 +1428,7 @@ chorus_result coll_comm_init(chorus_comm_t *c) {
     return comm_error(c, CHORUS_ERR_ENV, "CHORUS_ALGO=\"%s\": %s", c->set.algo, err);
   sel_fit_cores(c, &c->sel);
   c->yield_after_ns = coll_ranks_per_core(c) > 1 ? 0 : COMM_YIELD_AFTER_NS;
+  c->start_drive_ns = coll_ranks_per_core(c) > START_DRIVE_RANKS_PER_CORE ? 0 : START_DRIVE_NS;
   c->stage_shm = comm_shm_only(c);
   c->stage_shared = coll_ranks_per_core(c) > 1;
   if (c->home_cpu == COMM_HOME_UNSET) /* else a split or shrink's parent's */

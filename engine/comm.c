@@ -541,9 +541,10 @@ bool idle_clock_over(idle_clock_t *ic, uint64_t now, uint64_t limit) {
 /* Returns whether it left work in flight when it last dropped prog_lock
  * (false when the progress thread held it throughout). */
 static bool comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns,
-                              unsigned max_rounds, bool start_only) {
+                              unsigned max_rounds, bool start_only, uint64_t wall_ns) {
   idle_clock_t idle = {0};
   unsigned spins = 0, rounds = 0;
+  uint64_t until = wall_ns ? fsm_now_ns() + wall_ns : UINT64_MAX;
 
   while (!atomic_load_explicit(flag, memory_order_acquire)) {
     if (pthread_mutex_trylock(&c->prog_lock) == 0) {
@@ -560,11 +561,13 @@ static bool comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
           break;
         if (n) {
           idle = (idle_clock_t){0};
+          if (wall_ns && fsm_now_ns() > until)
+            break;
           continue;
         }
         if ((++spins & 15) == 0) {
           uint64_t now = fsm_now_ns();
-          if (idle_clock_over(&idle, now, idle_ns))
+          if (idle_clock_over(&idle, now, idle_ns) || now > until)
             break;
           comm_home_due(c, now);
           if (comm_yield_due(c, now - idle.first, now)) {
@@ -611,9 +614,9 @@ static bool comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
 }
 
 static void comm_drive_as(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds,
-                          bool start_only) {
+                          bool start_only, uint64_t wall_ns) {
   atomic_fetch_add(&c->drivers, 1);
-  bool left = comm_drive_locked(c, flag, idle_ns, max_rounds, start_only);
+  bool left = comm_drive_locked(c, flag, idle_ns, max_rounds, start_only, wall_ns);
   /* The last driver out wakes a progress thread that stepped aside if work
    * is left for it: this request, still open (the caller is about to sleep
    * on it), or what a driver left in flight (`handoff`, or this one's
@@ -626,7 +629,7 @@ static void comm_drive_as(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, 
 }
 
 void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds) {
-  comm_drive_as(c, flag, idle_ns, max_rounds, false);
+  comm_drive_as(c, flag, idle_ns, max_rounds, false, 0);
 }
 
 /* Whether the progress thread should sleep aside now, its `aside` flag
@@ -1502,7 +1505,7 @@ CHORUS_API const char *chorus_comm_provider(const chorus_comm_t *comm) {
 
 /* ---- requests to the progress thread ---- */
 
-void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake) {
+void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake, uint64_t drive_ns) {
   req->submitted = true;
   pthread_mutex_lock(&c->lock);
   if (c->cmd_tail)
@@ -1522,7 +1525,10 @@ void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake) {
    * same when the request is still queued. That round only flushes the
    * transport where it can (sock: completions of sends that went out at
    * once, no epoll_wait): the caller who waits polls it next. */
-  comm_drive_as(c, &req->done, 0, 1, true);
+  if (drive_ns)
+    comm_drive_as(c, &req->done, drive_ns, 0, false, drive_ns);
+  else
+    comm_drive_as(c, &req->done, 0, 1, true, 0);
   if (atomic_load(&c->cmd_pending))
     progress_wake(c);
 }

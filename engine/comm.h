@@ -168,6 +168,7 @@ struct chorus_comm {
   unsigned sel_memo_next;
   bool sel_ready;
   uint64_t yield_after_ns;      /* a driver idle this long starts yielding (COMM_YIELD_AFTER_NS) */
+  uint64_t start_drive_ns;      /* a small nonblocking call's caller drives it this long (coll.c) */
   uint64_t yield_crowded_until; /* till then (fsm_now_ns) a driver yields at once */
   int home_cpu;                 /* this rank's own CPU (COMM_HOME_EVERY_NS), -1 for none */
   /* Families (watch.c): a communicator with a watchdog heads one (family: a
@@ -268,8 +269,11 @@ void comm_unwedge(chorus_comm_t *c, bool now);
 /* Freezes c's progress engine for `seconds` (fault injection; any thread). */
 void comm_stall(chorus_comm_t *c, double seconds, const char *why);
 
-/* Hands a request to the progress thread (comm.c). */
-void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake);
+/* Hands a request to the progress thread (comm.c). With wake, the caller
+ * starts it, driving it for up to drive_ns (0: one round that posts its
+ * first messages), and a sleeping progress thread is armed or woken for
+ * what is left. */
+void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake, uint64_t drive_ns);
 
 /* Collectives (coll.c). coll_comm_init sets up selection (CHORUS_ERR_ENV
  * with a message on a bad CHORUS_ALGO) and the point-to-point counters;

@@ -118,7 +118,7 @@ static chorus_result ctl_round(chorus_comm_t *c, const void *mine, void *all, co
     snprintf(call.algo, sizeof(call.algo), "split");
     ckpt_begin(&c->ckpt, &call);
   }
-  comm_submit(c, r, true);
+  comm_submit(c, r, true, 0);
   request_wait_done(r);
   chorus_result ret = r->result;
   /* request_complete touches nothing of r after marking it done */

@@ -5,10 +5,13 @@
  */
 #include <criterion/criterion.h>
 #include <malloc.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "chorus.h"
 #include "mp.h"
@@ -299,4 +302,64 @@ Test(api, create_destroy_shm, .timeout = CYCLES_SECS + 100) {
 }
 Test(api, create_destroy_tcp, .timeout = CYCLES_SECS + 100) {
   cycles("tcp", CYCLES_TCP, 24L * 1024, false);
+}
+
+/* Starting (engine/coll.c): a small nonblocking call is driven by its
+ * caller until it completes (or for a short while), so a call whose peer
+ * comes in a few microseconds later is complete when chorus_i* returns;
+ * with one round of posting alone it was not (the peer's message was not
+ * there yet). Both ranks leave a barrier, rank 1 starts START_LATE_NS
+ * later; rank 0 looks without driving (chorus_wait_for, 0 s). */
+#define START_TRIES 200
+#define START_LATE_NS 10000
+
+static void spin_ns(long ns) {
+  struct timespec a, b;
+
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  do
+    clock_gettime(CLOCK_MONOTONIC, &b);
+  while ((b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec) < ns);
+}
+
+static int start_rank(int rank, int size, const char *addr, void *arg) {
+  chorus_comm_t *c;
+  int done_at_return = 0, bad = 0;
+  float x[2];
+
+  (void)arg;
+  if (chorus_comm_init(&c, rank, size, addr)) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, chorus_last_error());
+    return 1;
+  }
+  for (int t = 0; t < START_TRIES && !bad; t++) {
+    chorus_request_t *q;
+    int done = 0;
+
+    x[0] = x[1] = (float)(rank + 1);
+    bad = chorus_barrier(c) != CHORUS_SUCCESS;
+    if (rank == 1)
+      spin_ns(START_LATE_NS);
+    bad = bad || chorus_iallreduce(c, x, x, 2, CHORUS_FLOAT32, CHORUS_SUM, &q) != CHORUS_SUCCESS ||
+          chorus_wait_for(q, 0, &done) != CHORUS_SUCCESS;
+    done_at_return += done;
+    bad = bad || chorus_wait(&q) != CHORUS_SUCCESS || x[0] != 3.0f || x[1] != 3.0f;
+    if (bad)
+      fprintf(stderr, "rank %d try %d: %s\n", rank, t, chorus_last_error());
+  }
+  chorus_comm_destroy(c);
+  printf("rank %d: %d of %d nonblocking 8 B allreduces complete as the call returned\n", rank,
+         done_at_return, START_TRIES);
+  if (!bad && rank == 0 && done_at_return < START_TRIES * 3 / 4) {
+    fprintf(stderr, "rank %d: %d of %d complete at return (want three quarters)\n", rank,
+            done_at_return, START_TRIES);
+    return 1;
+  }
+  return bad;
+}
+
+Test(api, small_nonblocking_call_completes_in_its_start) {
+  const char *envs[] = {"CHORUS_PROVIDER=shm", NULL};
+  mp_result_t r = mp_run(2, start_rank, NULL, 120, envs);
+  cr_assert_eq(r.failed, 0, "%d rank(s) failed", r.failed);
 }
