@@ -10,7 +10,9 @@
 # chorus-perf measures (mean time per call of the slowest rank; busbw =
 # size/time * 2(n-1)/n). It prints, per size, the median busbw of each
 # (the median over the rounds), the ratios torch-chorus / chorus-perf and
-# torch-chorus / gloo, and the median over the rounds of each backend's median
+# torch-chorus / gloo, the median of the rounds' own torch-chorus / chorus-perf
+# ratios ("by round": the machine may run slow for minutes, and a round's two
+# runs are seconds apart), and the median over the rounds of each backend's median
 # DDP step time with their ratio. Raw JSON lines and logs stay in --out DIR.
 set -euo pipefail
 
@@ -157,15 +159,20 @@ def human(b):
 
 print()
 print(f"all_reduce float32, {ranks} ranks, median of {rounds} rounds: busbw GB/s (time us)")
-print(f"{'size':>6} {'chorus-perf':>20} {'torch chorus':>20} {'torch gloo':>20} {'chorus/perf':>12} {'chorus/gloo':>12}")
+print(f"{'size':>6} {'chorus-perf':>20} {'torch chorus':>20} {'torch gloo':>20} {'chorus/perf':>12} "
+      f"{'by round':>9} {'chorus/gloo':>12}")
 for b in sorted(perf):
     pb, pt = med(perf[b])
     if ("chorus", b) not in torch_ or ("gloo", b) not in torch_:
         continue
     cb, ct = med(torch_[("chorus", b)])
     gb, gt = med(torch_[("gloo", b)])
+    # each round's torch figure against the chorus-perf run seconds before it:
+    # a stretch in which the machine runs slow then weighs on both
+    rr = statistics.median(c["busbw_gbs"] / p["busbw_gbs"]
+                           for c, p in zip(torch_[("chorus", b)], perf[b]))
     print(f"{human(b):>6} {pb:>9.3f} ({pt:>8.1f}) {cb:>9.3f} ({ct:>8.1f}) {gb:>9.3f} ({gt:>8.1f}) "
-          f"{cb / pb:>12.2f} {cb / gb:>12.2f}")
+          f"{cb / pb:>12.2f} {rr:>9.2f} {cb / gb:>12.2f}")
 if ddp:
     steps, params = {}, None
     for f in sorted(glob.glob(f"{out}/ddp-*-*.log")):
