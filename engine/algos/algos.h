@@ -100,7 +100,7 @@ extern const algo_desc_t algo_table[];
 /* The entry for (coll, name), or NULL. */
 const algo_desc_t *algo_find(coll_kind coll, const char *name);
 
-/* ---- helpers shared by algorithm files (algos.c) ---- */
+/* ---- helpers shared by algorithm files (steps.c) ---- */
 /* Segment k of `count` elements cut into n nearly equal parts (the first
  * count % n parts one longer). */
 size_t algo_seg_count(size_t count, int n, int k);
