@@ -11,7 +11,7 @@
  *  - Threading: a communicator may be used by one application thread at a
  *    time; each communicator runs its own progress thread, so nonblocking
  *    calls advance while the caller computes (a small collective is first
- *    driven by its caller for up to 20 us, and may be complete on return).
+ *    driven by its caller for a short while, and may be complete on return).
  *    chorus_comm_abort() may be called from any thread.
  */
 #ifndef CHORUS_H

@@ -33,7 +33,6 @@
 #define _GNU_SOURCE /* sched_getaffinity */
 #include <errno.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -722,10 +721,8 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
   char why[96];
   switch (fault_plan_on_call(c->faults, c->rank, coll_kind_str(coll), seq, &s)) {
   case FAULT_CALL_KILL:
-    eng_log(ENG_WARN, c->rank, "fault", "killing this rank at #%llu %s (CHORUS_FAULTS)",
-            (unsigned long long)seq, coll_kind_str(coll));
-    fflush(NULL);
-    raise(SIGKILL);
+    snprintf(why, sizeof(why), "#%llu %s", (unsigned long long)seq, coll_kind_str(coll));
+    comm_fault_kill(c, why);
     break;
   case FAULT_CALL_STALL:
     snprintf(why, sizeof(why), "injected at #%llu %s by CHORUS_FAULTS", (unsigned long long)seq,
@@ -1047,6 +1044,15 @@ out_nomem:
 #define START_DRIVE_MAX_BYTES (64u << 10)
 #define START_DRIVE_RANKS_PER_CORE 2
 
+/* How long the caller of nonblocking call r drives it as it starts. */
+static uint64_t start_drive_ns(const chorus_comm_t *c, const coll_call_t *k,
+                               const chorus_request_t *r) {
+  if (k->coll == COLL_SEND || k->coll == COLL_RECV ||
+      r->count * chorus_dtype_size(k->dtype) > START_DRIVE_MAX_BYTES)
+    return 0;
+  return c->start_drive_ns;
+}
+
 static chorus_result coll_issue(chorus_comm_t *comm, const coll_call_t *k, chorus_request_t **req,
                                 bool blocking) {
   chorus_request_t *r;
@@ -1081,11 +1087,7 @@ static chorus_result coll_issue(chorus_comm_t *comm, const coll_call_t *k, choru
   }
   /* a blocking call drives it itself (comm_drive): no wake-up; a small
    * nonblocking one is driven a while by its caller first ("Starting") */
-  comm_submit(comm, r, !blocking,
-              blocking || k->coll == COLL_SEND || k->coll == COLL_RECV ||
-                      r->count * chorus_dtype_size(k->dtype) > START_DRIVE_MAX_BYTES
-                  ? 0
-                  : comm->start_drive_ns);
+  comm_submit(comm, r, !blocking, blocking ? 0 : start_drive_ns(comm, k, r));
   if (!blocking) {
     *req = r;
     return CHORUS_SUCCESS;
@@ -1427,10 +1429,11 @@ chorus_result coll_comm_init(chorus_comm_t *c) {
   if (select_init(&c->sel, c->set.algo, c->set.deterministic, err, sizeof(err)))
     return comm_error(c, CHORUS_ERR_ENV, "CHORUS_ALGO=\"%s\": %s", c->set.algo, err);
   sel_fit_cores(c, &c->sel);
-  c->yield_after_ns = coll_ranks_per_core(c) > 1 ? 0 : COMM_YIELD_AFTER_NS;
-  c->start_drive_ns = coll_ranks_per_core(c) > START_DRIVE_RANKS_PER_CORE ? 0 : START_DRIVE_NS;
+  int per_core = coll_ranks_per_core(c);
+  c->yield_after_ns = per_core > 1 ? 0 : COMM_YIELD_AFTER_NS;
+  c->start_drive_ns = per_core > START_DRIVE_RANKS_PER_CORE ? 0 : START_DRIVE_NS;
   c->stage_shm = comm_shm_only(c);
-  c->stage_shared = coll_ranks_per_core(c) > 1;
+  c->stage_shared = per_core > 1;
   if (c->home_cpu == COMM_HOME_UNSET) /* else a split or shrink's parent's */
     c->home_cpu = home_cpu(c);
   c->sel_ready = true;

@@ -115,6 +115,12 @@ void comm_stall(chorus_comm_t *c, double seconds, const char *why) {
   eng_log(ENG_WARN, c->rank, "fault", "progress stalled for %.1f s (%s)", seconds, c->stall_why);
 }
 
+void comm_fault_kill(const chorus_comm_t *c, const char *where) {
+  eng_log(ENG_WARN, c->rank, "fault", "killing this rank at %s (CHORUS_FAULTS)", where);
+  fflush(NULL);
+  raise(SIGKILL);
+}
+
 CHORUS_API chorus_result chorus_comm_abort(chorus_comm_t *comm) {
   char text[128];
   if (!eng_handle_valid(comm, ENG_HANDLE_COMM))
@@ -1077,25 +1083,22 @@ static chorus_result comm_create_faults(chorus_comm_t *c, int stage) {
   static const char *const what[] = {"", "joined the rendezvous", "opened its transport",
                                      "inserted the peers' endpoints", "started its watchdog"};
   chorus_result ret;
+  char where[96];
   double s = 0;
 
   if (!c->set.faults[0] || !c->boot)
     return CHORUS_SUCCESS;
   if ((ret = comm_faults_load(c)))
     return ret;
+  snprintf(where, sizeof(where), "create#%d, as it formed the communicator: %s", stage,
+           what[stage]);
   switch (fault_plan_on_call(c->faults, c->rank, FAULT_AT_CREATE, (uint64_t)stage, &s)) {
   case FAULT_CALL_KILL:
-    eng_log(ENG_WARN, c->rank, "fault",
-            "killing this rank while it forms the communicator, at create#%d: %s (CHORUS_FAULTS)",
-            stage, what[stage]);
-    fflush(NULL);
-    raise(SIGKILL);
+    comm_fault_kill(c, where);
     break;
   case FAULT_CALL_STALL:
-    eng_log(ENG_WARN, c->rank, "fault",
-            "freezing this rank for %.1f s while it forms the communicator, at create#%d: %s "
-            "(CHORUS_FAULTS)",
-            s, stage, what[stage]);
+    eng_log(ENG_WARN, c->rank, "fault", "freezing this rank for %.1f s at %s (CHORUS_FAULTS)", s,
+            where);
     for (uint64_t end = fsm_now_ns() + (uint64_t)(s * 1e9), now; (now = fsm_now_ns()) < end;) {
       struct timespec ts = {(time_t)((end - now) / 1000000000u), (long)((end - now) % 1000000000u)};
       nanosleep(&ts, NULL);
@@ -1524,7 +1527,9 @@ void comm_submit(chorus_comm_t *c, chorus_request_t *req, bool wake, uint64_t dr
    * the engine is busy, its holder starts it; a sleeper is woken all the
    * same when the request is still queued. That round only flushes the
    * transport where it can (sock: completions of sends that went out at
-   * once, no epoll_wait): the caller who waits polls it next. */
+   * once, no epoll_wait): the caller who waits polls it next. With drive_ns
+   * the caller drives it in full for up to that long instead (coll.c,
+   * "Starting"). */
   if (drive_ns)
     comm_drive_as(c, &req->done, drive_ns, 0, false, drive_ns);
   else

@@ -268,6 +268,8 @@ void comm_note_lost(chorus_comm_t *c, const uint32_t *lost, size_t n);
 void comm_unwedge(chorus_comm_t *c, bool now);
 /* Freezes c's progress engine for `seconds` (fault injection; any thread). */
 void comm_stall(chorus_comm_t *c, double seconds, const char *why);
+/* Kills this process where CHORUS_FAULTS says (`where`, for the log). */
+void comm_fault_kill(const chorus_comm_t *c, const char *where);
 
 /* Hands a request to the progress thread (comm.c). With wake, the caller
  * starts it, driving it for up to drive_ns (0: one round that posts its

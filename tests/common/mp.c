@@ -38,7 +38,7 @@ int mp_free_port(void) {
   return port;
 }
 
-static double now_s(void) {
+double mp_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -131,7 +131,7 @@ mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const c
   int left = 0;
   for (int r = 0; r < size; r++)
     left += pids[r] > 0;
-  double deadline = now_s() + timeout_s;
+  double deadline = mp_now_s() + timeout_s;
   while (left > 0) {
     int st;
     pid_t p = waitpid(-1, &st, WNOHANG);
@@ -141,7 +141,7 @@ mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const c
           continue;
         pids[r] = 0;
         left--;
-        res.ended[r] = now_s();
+        res.ended[r] = mp_now_s();
         if (WIFEXITED(st))
           res.status[r] = WEXITSTATUS(st);
         else
@@ -155,7 +155,7 @@ mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const c
       }
       continue;
     }
-    if (now_s() > deadline) {
+    if (mp_now_s() > deadline) {
       res.timed_out = 1;
       for (int r = 0; r < size; r++) {
         if (pids[r] > 0) {

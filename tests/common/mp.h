@@ -21,6 +21,8 @@ typedef struct mp_result {
                        (within 2 ms of its exit; 0 if never) */
 } mp_result_t;
 
+/* CLOCK_MONOTONIC in seconds (mp_result_t.ended's clock). */
+double mp_now_s(void);
 /* A free TCP port on 127.0.0.1. */
 int mp_free_port(void);
 /* Runs fn as `size` ranks (size <= 64). `env` is a NULL-terminated list of

@@ -331,12 +331,6 @@ typedef struct {
   char err[FORM_RANKS][256];
 } form_t;
 
-static double mono_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static int forming_body(int rank, int size, const char *rdv, void *arg) {
   form_t *f = arg;
   chorus_comm_t *c = NULL;
@@ -344,7 +338,7 @@ static int forming_body(int rank, int size, const char *rdv, void *arg) {
   float x = 1;
 
   rc = chorus_comm_init(&c, rank, size, rdv);
-  f->ended[rank] = mono_s();
+  f->ended[rank] = mp_now_s();
   f->init_rc[rank] = f->rc[rank] = rc;
   if (rank == FORM_VICTIM) {
     fprintf(stderr, "rank %d: init returned (%s) although CHORUS_FAULTS kills it there\n", rank,
@@ -357,7 +351,7 @@ static int forming_body(int rank, int size, const char *rdv, void *arg) {
   }
   /* formed before the victim died (stage 4): the first call names it */
   rc = chorus_allreduce(c, &x, &x, 1, CHORUS_FLOAT32, CHORUS_SUM);
-  f->failed[rank] = mono_s();
+  f->failed[rank] = mp_now_s();
   f->rc[rank] = rc;
   snprintf(f->err[rank], sizeof(f->err[rank]), "%s",
            rc ? chorus_comm_last_error(c) : "the allreduce succeeded");
