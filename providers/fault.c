@@ -23,7 +23,7 @@
 static const char *const kind_names[FAULT_KIND_COUNT] = {"drop",    "delay", "dup",  "reorder",
                                                          "corrupt", "kill",  "stall"};
 
-/* The engine's collective kinds (coll_kind_str in engine/algos/algos.c;
+/* The engine's collective kinds (coll_kind_str in engine/plan/algos/algos.c;
  * providers do not include the engine, tests/providers/test_fault.c checks
  * that every one of them is accepted here), and the stages of forming a
  * communicator. */

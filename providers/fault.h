@@ -80,7 +80,7 @@ const char *fault_kind_str(fault_kind_t kind); /* "drop", ..., "?" */
 bool fault_kind_is_call(fault_kind_t kind);
 
 /* at=create#STAGE: a stage of forming a communicator, not a collective
- * (engine/comm.c, comm_create_faults); a rule with no kind never matches
+ * (engine/comm/comm.c, comm_create_faults); a rule with no kind never matches
  * one. */
 #define FAULT_AT_CREATE "create"
 

@@ -101,7 +101,7 @@ static inline void memcopy(void *dst, const void *src, size_t n) {
   memcopy_pieces(d, s, n, MEMCOPY_PIECE);
 }
 
-/* An allgather's own block, staged (engine/coll.c): n bytes of s into both
+/* An allgather's own block, staged (engine/comm/coll.c): n bytes of s into both
  * d1 and d2, reading s once. Block by block, into d1, then from d1, still
  * in the core's L2, into d2 (d2 == s, in place: into d1 only), rather than a
  * second copy from d1 once the whole block is in, when it has left the L2.

@@ -61,7 +61,7 @@
  *             (prov_fault_stall: nothing delivered, nothing posted).
  *  and, with at=create#STAGE, while the rank forms a communicator (from a
  *  rendezvous): 1 joined it, 2 opened its transport, 3 inserted every
- *  peer's endpoint, 4 started its watchdog (engine/comm.c).
+ *  peer's endpoint, 4 started its watchdog (engine/comm/comm.c).
  *  Targets, on any rule: rank=R (only when this rank sends), peer=P (only
  *  messages to P), at=#SEQ or at=KIND#SEQ (KIND: allreduce, bcast, ...,
  *  for kill and stall only), from=#SEQ and to=#SEQ (a range), n=N (at most

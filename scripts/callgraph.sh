@@ -3,16 +3,19 @@
 # from the built objects (nm: the global symbols each object defines and the
 # ones it uses), and the loops in that graph.
 #
-#   (default)  files: engine/coll.c -> engine/comm.c when coll.c uses a
-#              function or variable that comm.c defines
-#   --rooms    the same between rooms, a room being an engine file's folder
-#              (engine/ itself, engine/algos, ...)
+#   (default)  files: engine/comm/coll.c -> engine/run/run.c when coll.c
+#              uses a function or variable that run.c defines
+#   --rooms    the same between rooms, a room being the folder directly
+#              under engine/ that holds the file (engine/plan holds
+#              engine/plan/algos/*; engine/CMakeLists.txt lists the rooms)
 #   --edges    print every edge with the symbols behind it, not only loops
 #
 # A loop is a set of files (rooms) each reachable from every other (a
 # strongly connected component of more than one). Prints each with the edges
-# inside it; exits 1 when there is one, 0 when the graph has none, 2 when
-# the build is missing. Static functions are not seen (they cannot cross a
+# inside it. With --rooms, also every call from a room to one listed after
+# it in ENGINE_ROOMS (engine/CMakeLists.txt: each room uses only those
+# before it). Exits 1 when there is a loop (or such a call), 0 when none,
+# 2 when the build is missing. Static functions are not seen (they cannot cross a
 # file); calls through function pointers are not either. Build first:
 # scripts/build.sh.
 set -euo pipefail
@@ -22,7 +25,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
   --rooms) rooms=1; shift ;;
   --edges) edges=1; shift ;;
-  -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "callgraph.sh: unknown option $1" >&2; exit 2 ;;
   *) build=$1; shift ;;
   esac
@@ -36,18 +39,22 @@ trap 'rm -f "$list"' EXIT
 while IFS= read -r o; do
   f=engine/${o#"$objdir"/}
   f=${f%.o}
+  [ -f "$f" ] || continue # left by a build of files since moved or removed
   nm --defined-only -g "$o" | awk -v f="$f" 'NF == 3 { print "D", f, $3 }' >>"$list"
   nm -u "$o" | awk -v f="$f" '{ print "U", f, $NF }' >>"$list"
 done < <(find "$objdir" -name '*.c.o' | sort)
 
-python3 - "$list" "$rooms" "$edges" <<'EOF'
+order=$(sed -n 's/^set(ENGINE_ROOMS \(.*\))$/\1/p' engine/CMakeLists.txt)
+python3 - "$list" "$rooms" "$edges" "$order" <<'EOF'
 import collections, os, sys
 
 lst, rooms, show_edges = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
+order = ["engine/" + r for r in sys.argv[4].split()]
 owner, uses = {}, collections.defaultdict(set)
 for line in open(lst):
     kind, f, sym = line.split()
-    node = os.path.dirname(f) if rooms else f
+    parts = f.split("/")
+    node = ("/".join(parts[:2]) if len(parts) > 2 else parts[0]) if rooms else f
     if kind == "D":
         owner[sym] = node
     else:
@@ -111,5 +118,21 @@ for c in sorted(loops, key=len, reverse=True):
             print(f"    {a} -> {b}: {', '.join(syms[:3])}{more}")
 if not loops:
     print(f"no loop between engine {what}")
-sys.exit(1 if loops else 0)
+upward = []
+if rooms:
+    if not order:
+        print("ENGINE_ROOMS not found in engine/CMakeLists.txt")
+        sys.exit(2)
+    rank = {r: i for i, r in enumerate(order)}
+    for (a, b) in sorted(edge):
+        if a not in rank or b not in rank:
+            upward.append((a, b, "not in ENGINE_ROOMS"))
+        elif rank[b] > rank[a]:
+            upward.append((a, b, "listed after it"))
+    for a, b, why in upward:
+        syms = sorted(edge[(a, b)])
+        print(f"upward: {a} -> {b} ({why}): {', '.join(syms[:3])}")
+    if not upward:
+        print("each room calls only rooms before it in ENGINE_ROOMS: " + " ".join(order))
+sys.exit(1 if loops or upward else 0)
 EOF

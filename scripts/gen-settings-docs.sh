@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gen-settings-docs.sh [BUILD_DIR] - regenerate the settings documentation from
-# the one settings table (engine/settings.c), through the built chorus-info:
+# the one settings table (engine/base/settings.c), through the built chorus-info:
 #   docs/settings.md           chorus-info --settings --markdown
 #   README.md's settings table chorus-info --settings --markdown-table, between
 #                              the "settings table" markers

@@ -6,7 +6,7 @@
  *   chorus-info --settings --markdown       docs/settings.md (every setting explained)
  *   chorus-info --settings --markdown-table README's settings table (one row per setting)
  *
- * The Markdown forms come from engine/settings.c's table alone, whatever the
+ * The Markdown forms come from engine/base/settings.c's table alone, whatever the
  * environment holds, so that the documents can be regenerated and checked
  * (ctest -R docs_settings).
  */

@@ -1,7 +1,7 @@
 /*
  * chorus-plan - what a collective's schedules do at a scale no test machine
  * has, without running them: per algorithm, the plans of every rank are
- * built, matched and run on the virtual clock of engine/sim.h.
+ * built, matched and run on the virtual clock of engine/plan/sim.h.
  *
  *   chorus-plan -c allreduce -n 4096 --hosts 512x8 -s 256M
  *   chorus-plan -c bcast -n 64 -s 1M --algo tree --root 3 --json

@@ -303,7 +303,7 @@ Test(api, create_destroy_tcp, .timeout = CYCLES_SECS + 100) {
   cycles("tcp", CYCLES_TCP, 24L * 1024, false);
 }
 
-/* Starting (engine/coll.c): a small nonblocking call is driven by its
+/* Starting (engine/comm/coll.c): a small nonblocking call is driven by its
  * caller until it completes (or for a short while), so a call whose peer
  * comes in a few microseconds later is complete when chorus_i* returns;
  * with one round of posting alone it was not (the peer's message was not

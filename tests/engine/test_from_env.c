@@ -3,7 +3,7 @@
  * MASTER_ADDR, MASTER_PORT): rank 0's address goes through the TCPStore at
  * MASTER_PORT, never a port of Chorus's own there; with nothing listening
  * there rank 0 takes MASTER_PORT+1 and leaves MASTER_PORT free. And the
- * TCPStore client itself (engine/tcpstore.c): both protocol generations on
+ * TCPStore client itself (engine/boot/tcpstore.c): both protocol generations on
  * a store written here to torch's rules, a real torch 1.x store, and
  * servers that are no store at all.
  *

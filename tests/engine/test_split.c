@@ -136,7 +136,7 @@ static int scn_concurrent(chorus_comm_t *w, int rank, int size) {
   return bad;
 }
 
-/* The allgather children use in place of a bootstrap (split.c), over
+/* The allgather children use in place of a bootstrap (xgather.c), over
  * several rounds: contributions of 0 to 4500 bytes. */
 static int xport_allgather(chorus_comm_t *c) {
   int rank = c->rank, size = c->size, bad = 0;
@@ -147,7 +147,7 @@ static int xport_allgather(chorus_comm_t *c) {
 
   for (size_t i = 0; i < len; i++)
     mine[i] = (uint8_t)(rank * 31 + i);
-  chorus_result rc = comm_xport_allgather(c, mine, len, &ptrs, &lens);
+  chorus_result rc = comm_xport_allgather(c, NULL, mine, len, &ptrs, &lens);
   free(mine);
   if (rc)
     FAIL("rank %d: transport allgather: %s\n", rank, chorus_comm_last_error(c));

@@ -1,5 +1,5 @@
 /*
- * The watchdog's judge (engine/watch_srv.c) on beats written to order: each
+ * The watchdog's judge (engine/boot/watch_srv.c) on beats written to order: each
  * rule names the right culprit with the right code, a poll comes before a
  * verdict on a conflict or a loss, and judging 4096 ranks stays cheap.
  */

@@ -1,5 +1,5 @@
 /*
- * fuzz_tcpstore_client.c - the TCPStore client (engine/tcpstore.c) reading
+ * fuzz_tcpstore_client.c - the TCPStore client (engine/boot/tcpstore.c) reading
  * what a server at MASTER_ADDR:MASTER_PORT answers.
  *
  * Input: byte 0 bit 0: the protocol spoken (0: torch 1.x, 1: torch 2.x,

@@ -1,5 +1,5 @@
 # ctest docs_settings: docs/settings.md and README.md's settings table must be
-# what chorus-info prints from engine/settings.c's table. On a failure,
+# what chorus-info prints from engine/base/settings.c's table. On a failure,
 # regenerate them with scripts/gen-settings-docs.sh.
 #   cmake -DINFO=chorus-info -DDOC=docs/settings.md -DREADME=README.md -P check_settings_doc.cmake
 cmake_minimum_required(VERSION 3.16)
@@ -49,7 +49,7 @@ endif()
 file(READ ${DOC} doc_have)
 if(NOT doc_want STREQUAL doc_have)
   first_difference("${doc_want}" "${doc_have}" where)
-  message(FATAL_ERROR "${DOC} and engine/settings.c disagree, ${where}\n"
+  message(FATAL_ERROR "${DOC} and engine/base/settings.c disagree, ${where}\n"
                       "Run scripts/gen-settings-docs.sh and commit the result.")
 endif()
 
@@ -68,7 +68,7 @@ math(EXPR len "${e} - ${start}")
 string(SUBSTRING "${readme}" ${start} ${len} table_have)
 if(NOT table_want STREQUAL table_have)
   first_difference("${table_want}" "${table_have}" where)
-  message(FATAL_ERROR "README.md's settings table and engine/settings.c disagree, ${where}\n"
+  message(FATAL_ERROR "README.md's settings table and engine/base/settings.c disagree, ${where}\n"
                       "Run scripts/gen-settings-docs.sh and commit the result.")
 endif()
 message(STATUS "docs/settings.md and README.md's settings table match the code")

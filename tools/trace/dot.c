@@ -2,7 +2,7 @@
  * dot.c - Graphviz of the wait-for graph (culprit red, cycle edges red) and,
  * in a second cluster, the step machine of one rank's stuck steps: its
  * states, the transitions its journal shows them take (else the machine of
- * engine/exec.h), and a note per stuck step pointing at the state it is in.
+ * engine/exec/exec.h), and a note per stuck step pointing at the state it is in.
  *
  *   chorus-trace DIR --dot w.dot && dot -Tsvg w.dot > w.svg
  */
@@ -205,7 +205,7 @@ static void step_machine(out_t *o, const tr_diag_t *dg) {
   tr_bprintf(&l, "rank %d: the step machine of its stuck steps", r);
   if (c)
     tr_bprintf(&l, " (#%llu %s)", (unsigned long long)c->seq, tr_coll_name((int)c->kind));
-  tr_bputs(&l, journal ? ", transitions from its journal" : ", transitions of engine/exec.h");
+  tr_bputs(&l, journal ? ", transitions from its journal" : ", transitions of engine/exec/exec.h");
   fprintf(o->f, "  subgraph cluster_fsm {\n    label=\"%s\";\n", esc(o, tr_bstr(&l)));
   fprintf(o->f, "    node [shape=ellipse, style=filled, fillcolor=\"#f4f4f4\"];\n");
   /* stuck steps first: their states join the table before it is drawn */

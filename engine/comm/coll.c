@@ -1343,6 +1343,23 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
   return cores <= 0 || here <= cores ? 1 : (int)((here + cores - 1) / cores);
 }
 
+/* Bouncing costs a second copy, and a rewrite of memory the receiver has
+ * just read, to save CMA's page pinning: a gain for small messages, where
+ * pinning dominates. The default stops at 64 KiB: larger slots won only
+ * while the cores shared data cheaply and lost by far otherwise. When ranks
+ * outnumber the cores, where two copies cost more than one, it never passes
+ * 64 KiB. A lower limit is faster with two ranks on cores of their own (a
+ * bounced line crosses between the cores twice) but slower when the kernel
+ * keeps both on one core, where one cache beats CMA's system calls.
+ * Measurements: docs/performance.md and the commits that set these. */
+#define SHM_BOUNCE_SHARED (64u << 10)
+size_t comm_shm_bounce(const chorus_comm_t *c) {
+  size_t b = c->set.shm_bounce;
+  if (b > SHM_BOUNCE_SHARED && coll_ranks_per_core(c) > 1)
+    b = SHM_BOUNCE_SHARED;
+  return b ? b : PROV_BOUNCE_NONE;
+}
+
 /* This rank's own CPU (comm.h: COMM_HOME_EVERY_NS): local rank i takes the
  * i-th CPU of the creating thread's affinity mask, when the host's ranks fit
  * in it; -1 when they do not (they take turns anyway), for a one-CPU mask (a

@@ -25,7 +25,8 @@
 struct chorus_comm;
 typedef struct watch watch_t;
 
-/* Connects and starts the thread; sets c->watch and c->clock_offset_ns.
+/* Connects and starts the thread; sets c->watch, c->watch_bell and
+ * c->clock_offset_ns.
  * A failure leaves the communicator without a watchdog (a warning). */
 chorus_result watch_start(struct chorus_comm *c);
 /* Says goodbye to the judge and stops (NULL: nothing). */
@@ -34,8 +35,6 @@ void watch_stop(watch_t *w);
  * waits go into the head's beats, and the head's verdicts reach it. */
 void watch_family_add(struct chorus_comm *c);
 void watch_family_remove(struct chorus_comm *c);
-/* The communicator failed here (comm_fail): tell the judge now. */
-void watch_notify_failure(watch_t *w);
 /* chorus_comm_destroy began: send a heartbeat now (it says so), so that
  * the judge can tell the ranks waiting for this one at once. */
 void watch_notify_leaving(watch_t *w);

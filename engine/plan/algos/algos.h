@@ -2,7 +2,7 @@
  * algos.h - collective algorithms: pure functions from a collective's shape
  * (rank, nranks, count, chunking, topology) to this rank's plan (plan.h).
  *
- * One file per algorithm under engine/algos/. An algorithm calls no
+ * One file per algorithm under engine/plan/algos/. An algorithm calls no
  * transport and keeps no state, so the same builder serves the engine, the
  * in-process simulator (sim.h) and chorus-plan. Every algorithm must give
  * bitwise-identical results on all ranks: each element is reduced in one

@@ -1,7 +1,7 @@
 /*
- * request.c - completion of nonblocking operations.
+ * request.c - waiting on nonblocking operations.
  *
- * The progress thread completes a request (request_complete); the
+ * The progress thread completes a request (request_complete, run.c); the
  * application thread observes it (chorus_test / chorus_wait) and releases
  * it. A waiting thread drives the communicator itself while the progress
  * thread is idle (no hand-off between threads on the latency path), for as
@@ -16,72 +16,6 @@
 #include "eng.h"
 #include "fsm.h"
 #include "memcopy.h"
-
-void request_complete(chorus_request_t *req, chorus_result rc) {
-  request_complete_text(req, rc, NULL);
-}
-
-void request_complete_text(chorus_request_t *req, chorus_result rc, const char *why) {
-  chorus_comm_t *c = req->comm;
-  char text[sizeof(c->async_text)];
-
-  if (req->call_seq)
-    ckpt_end(&c->ckpt, req->call_seq, rc);
-  if (rc)
-    atomic_store(&c->failed_any, true);
-  if (rc && !why) {
-    /* the communicator's failure explains its calls' */
-    pthread_mutex_lock(&c->lock);
-    if (rc == (chorus_result)atomic_load(&c->async_rc) && c->async_text[0]) {
-      memcpy(text, c->async_text, sizeof(text));
-      why = text;
-    }
-    pthread_mutex_unlock(&c->lock);
-  }
-  if (rc && why)
-    comm_error(c, rc, "%s", why);
-  else if (rc && req->call_seq)
-    comm_error(c, rc, "%s #%llu (%s, %llu elements) failed: %s", coll_kind_str(req->coll),
-               (unsigned long long)req->call_seq, chorus_dtype_name(req->plan->dtype),
-               (unsigned long long)req->count, chorus_strerror(rc));
-  else if (rc)
-    comm_error(c, rc, "%s (%s, %llu elements) failed: %s", coll_kind_str(req->coll),
-               chorus_dtype_name(req->plan->dtype), (unsigned long long)req->count,
-               chorus_strerror(rc));
-  if (!rc && req->stage_out) /* the result, out of the staging buffer (coll.c) */
-    memcopy(req->stage_out, c->stage, req->stage_len);
-  pthread_mutex_lock(&c->lock);
-  req->result = rc;
-  atomic_store_explicit(&req->done, 1, memory_order_release);
-  if (c->waiters)
-    pthread_cond_broadcast(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-}
-
-void request_release(chorus_request_t *req) {
-  chorus_comm_t *c = req->comm;
-
-  eng_handle_remove(req);
-  if (req->slot)
-    req->slot->refs--;
-  else
-    plan_free(req->plan);
-  if (req->prev_live)
-    req->prev_live->next_live = req->next_live;
-  else
-    c->live = req->next_live;
-  if (req->next_live)
-    req->next_live->prev_live = req->prev_live;
-  free(req->xbufs);
-  free(req->park_why);
-  free(req->tmp);
-  if (req->staged)
-    c->stage_busy = false;
-  if (!c->spare_req)
-    c->spare_req = req; /* the next call's (coll_prepare) */
-  else
-    free(req);
-}
 
 /* What a wait on r shows the watchdog (ckpt_block): 0 for the engine's own
  * rounds on a failed communicator. */

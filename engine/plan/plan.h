@@ -7,7 +7,7 @@
  * depends on is done. Byte ranges name one of three buffers: the user's send
  * buffer, the user's receive buffer, or the communicator's scratch buffer.
  *
- * Algorithms (engine/algos/) are pure functions from (rank, nranks, count,
+ * Algorithms (engine/plan/algos/) are pure functions from (rank, nranks, count,
  * chunking) to a plan; they call no transport. The executor (exec.c) runs a
  * plan; the same plan could be run in-process for thousands of ranks.
  *

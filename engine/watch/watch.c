@@ -28,17 +28,14 @@
 #include "trace.pb-c.h"
 #include "watch.h"
 
-enum { REQ_STOP = 1, REQ_FAIL = 2, REQ_DUMP = 4, REQ_FATAL = 8, REQ_BEAT = 16 };
-
 #define WATCH_LOCAL_GRACE_S 5.0 /* past the timeout, decide alone */
 #define WATCH_MAX 64            /* watchdogs a signal reaches */
 
 struct watch {
   chorus_comm_t *c;
   pthread_t thread;
-  int fd;  /* connection to the judge; -1 once gone */
-  int efd; /* eventfd: req changed */
-  atomic_int req;
+  int fd;              /* connection to the judge; -1 once gone */
+  watch_bell_t bell;   /* what the thread is asked to do, and its eventfd (comm.h) */
   atomic_bool applied; /* a verdict (or our own decision) was applied */
   bool dumped;         /* a dump of the communicator's failure was written */
   char where[192];
@@ -59,8 +56,8 @@ static void sig_poke(int bit) {
     int fd = __atomic_load_n(&g_efd[i], __ATOMIC_ACQUIRE);
     if (fd > 0 && g_watch[i]) {
       uint64_t one = 1;
-      atomic_fetch_or(&g_watch[i]->req, bit);
-      if (bit == REQ_FATAL)
+      atomic_fetch_or(&g_watch[i]->bell.req, bit);
+      if (bit == WATCH_REQ_FATAL)
         atomic_fetch_add(&g_fatal_pending, 1);
       if (write(fd, &one, sizeof(one)) < 0) {
         /* nothing to do in a handler */
@@ -72,13 +69,13 @@ static void sig_poke(int bit) {
 static void on_usr1(int sig) {
   (void)sig;
   int saved = errno;
-  sig_poke(REQ_DUMP);
+  sig_poke(WATCH_REQ_DUMP);
   errno = saved;
 }
 
 static void on_fatal(int sig) {
   /* the watchdog threads write the dumps; give them two seconds */
-  sig_poke(REQ_FATAL);
+  sig_poke(WATCH_REQ_FATAL);
   for (int i = 0; i < 200 && atomic_load(&g_fatal_pending) > 0; i++) {
     struct timespec ts = {0, 10 * 1000 * 1000};
     nanosleep(&ts, NULL);
@@ -118,7 +115,7 @@ static void registry_add(watch_t *w) {
   for (int i = 0; i < WATCH_MAX; i++)
     if (!g_watch[i]) {
       g_watch[i] = w;
-      __atomic_store_n(&g_efd[i], w->efd, __ATOMIC_RELEASE);
+      __atomic_store_n(&g_efd[i], w->bell.efd, __ATOMIC_RELEASE);
       break;
     }
   if (w->c->set.trace_dir[0])
@@ -486,7 +483,7 @@ static void server_gone(watch_t *w, const char *why, bool unreachable) {
   chorus_comm_t *c = w->c;
   close(w->fd);
   w->fd = -1;
-  if (atomic_load(&w->req) & REQ_STOP)
+  if (atomic_load(&w->bell.req) & WATCH_REQ_STOP)
     return;
   if (c->rank == 0) {
     eng_log(ENG_DEBUG, 0, "watchdog", "its own server closed the connection (%s)", why);
@@ -574,7 +571,7 @@ static void *watch_main(void *arg) {
       next = now + period;
     }
     family_unwedge(c); /* the application's and progress threads may both be stuck */
-    struct pollfd p[2] = {{.fd = w->efd, .events = POLLIN}, {.fd = w->fd, .events = POLLIN}};
+    struct pollfd p[2] = {{.fd = w->bell.efd, .events = POLLIN}, {.fd = w->fd, .events = POLLIN}};
     int ms = (int)((next - now) / 1000000) + 1;
     int np = poll(p, w->fd >= 0 ? 2 : 1, ms);
     if (np < 0 && errno != EINTR)
@@ -583,32 +580,32 @@ static void *watch_main(void *arg) {
       continue;
     if (p[0].revents) {
       uint64_t v;
-      if (read(w->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+      if (read(w->bell.efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         break;
-      int req = atomic_exchange(&w->req, 0);
+      int req = atomic_exchange(&w->bell.req, 0);
       /* before a stop: a leaving rank's last beat says it is leaving */
       int src;
-      if ((req & REQ_BEAT) && w->fd >= 0 && (src = send_beat(w, false)) < 0)
+      if ((req & WATCH_REQ_BEAT) && w->fd >= 0 && (src = send_beat(w, false)) < 0)
         conn_failed(w, src, false);
-      if (req & REQ_FAIL) {
+      if (req & WATCH_REQ_FAIL) {
         if (w->fd >= 0 && (src = send_beat(w, false)) < 0)
           conn_failed(w, src, false);
         dump_local_failure(w);
       }
-      if (req & REQ_STOP) {
-        atomic_store(&w->req, REQ_STOP);
+      if (req & WATCH_REQ_STOP) {
+        atomic_store(&w->bell.req, WATCH_REQ_STOP);
         break;
       }
-      if (req & (REQ_DUMP | REQ_FATAL)) {
-        const char *why = req & REQ_FATAL ? "a fatal signal" : "SIGUSR1";
+      if (req & (WATCH_REQ_DUMP | WATCH_REQ_FATAL)) {
+        const char *why = req & WATCH_REQ_FATAL ? "a fatal signal" : "SIGUSR1";
         char text[128];
         snprintf(text, sizeof(text), "rank %d dumped on request (%s)", c->rank, why);
         if (c->set.trace_dir[0])
           dump_write(c, c->set.trace_dir,
-                     req & REQ_FATAL ? CHORUS__TRACE__VERDICT__REASON__FATAL
-                                     : CHORUS__TRACE__VERDICT__REASON__REQUEST,
+                     req & WATCH_REQ_FATAL ? CHORUS__TRACE__VERDICT__REASON__FATAL
+                                           : CHORUS__TRACE__VERDICT__REASON__REQUEST,
                      -1, 0, text, NULL, 0, NULL, 0);
-        if (req & REQ_FATAL)
+        if (req & WATCH_REQ_FATAL)
           atomic_fetch_sub(&g_fatal_pending, 1);
       }
     }
@@ -637,14 +634,15 @@ chorus_result watch_start(chorus_comm_t *c) {
     return CHORUS_ERR_NO_MEMORY;
   w->c = c;
   w->waits_for = -1;
-  w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  int fd = w->efd >= 0 ? boot_watch_connect(c->boot, &off, err, sizeof(err)) : -1;
+  w->bell.rank = c->rank;
+  w->bell.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  int fd = w->bell.efd >= 0 ? boot_watch_connect(c->boot, &off, err, sizeof(err)) : -1;
   if (fd < 0) {
     eng_log(ENG_WARN, c->rank, "watchdog",
             "no watchdog for this communicator (divergence and lost ranks are not detected): %s",
-            w->efd < 0 ? strerror(errno) : err);
-    if (w->efd >= 0)
-      close(w->efd);
+            w->bell.efd < 0 ? strerror(errno) : err);
+    if (w->bell.efd >= 0)
+      close(w->bell.efd);
     free(w);
     return CHORUS_SUCCESS;
   }
@@ -672,11 +670,12 @@ chorus_result watch_start(chorus_comm_t *c) {
     pthread_setname_np(w->thread, "chorus-watch");
   if (rc) {
     close(fd);
-    close(w->efd);
+    close(w->bell.efd);
     free(w);
     return comm_error(c, CHORUS_ERR_INTERNAL, "cannot start the watchdog thread: %s", strerror(rc));
   }
   c->watch = w;
+  c->watch_bell = &w->bell;
   registry_add(w);
   return CHORUS_SUCCESS;
 }
@@ -689,20 +688,9 @@ bool watch_await_verdict(watch_t *w, double timeout_s) {
   return atomic_load(&w->applied);
 }
 
-void watch_notify_failure(watch_t *w) {
-  uint64_t one = 1;
-  atomic_fetch_or(&w->req, REQ_FAIL);
-  if (write(w->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-    eng_log(ENG_WARN, w->c->rank, "watchdog", "eventfd write: %s", strerror(errno));
-}
-
 void watch_notify_leaving(watch_t *w) {
-  uint64_t one = 1;
-  if (!w)
-    return;
-  atomic_fetch_or(&w->req, REQ_BEAT);
-  if (write(w->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-    eng_log(ENG_WARN, w->c->rank, "watchdog", "eventfd write: %s", strerror(errno));
+  if (w)
+    watch_bell_ring(&w->bell, WATCH_REQ_BEAT);
 }
 
 void watch_stop(watch_t *w) {
@@ -716,10 +704,7 @@ void watch_stop(watch_t *w) {
     nanosleep(&ts, NULL);
   }
   registry_remove(w);
-  uint64_t one = 1;
-  atomic_fetch_or(&w->req, REQ_STOP);
-  if (write(w->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-    eng_log(ENG_WARN, w->c->rank, "watchdog", "eventfd write: %s", strerror(errno));
+  watch_bell_ring(&w->bell, WATCH_REQ_STOP);
   pthread_join(w->thread, NULL);
   if (w->fd >= 0) {
     Chorus__Boot__WatchBye bye = CHORUS__BOOT__WATCH_BYE__INIT;
@@ -729,6 +714,6 @@ void watch_stop(watch_t *w) {
     boot_send_envelope(w->fd, &env, 1.0);
     close(w->fd);
   }
-  close(w->efd);
+  close(w->bell.efd);
   free(w);
 }

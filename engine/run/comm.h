@@ -88,7 +88,7 @@ struct chorus_comm {
   char sock_listen[48];
   exec_ctx_t ex;    /* under prog_lock: the progress thread or a waiting caller */
   topo_t *topo;     /* hosts of the ranks (topo.c); NULL until known = one host */
-  plan_t *ctl_plan; /* split.c: the control exchange's plan, kept until comm_free
+  plan_t *ctl_plan; /* xgather.c: the control exchange's plan, kept until comm_free
                        (a run reads its plan until after it completes) */
 
   /* progress thread */
@@ -140,11 +140,12 @@ struct chorus_comm {
    * them better (the peer died, diverged...) */
   chorus_request_t *parked;
   uint64_t parked_until;
-  bool *lost;                /* [size], under lock: ranks the watchdog's verdict declared lost */
-  uint16_t recovery_seq;     /* application thread: shrink rounds so far */
-  struct watch *watch;       /* heartbeat client (watch.c); NULL when none */
-  struct fault_plan *faults; /* CHORUS_FAULTS, parsed: call faults (kill, stall) */
-  int64_t clock_offset_ns;   /* add to our CLOCK_MONOTONIC: rank 0's clock */
+  bool *lost;            /* [size], under lock: ranks the watchdog's verdict declared lost */
+  uint16_t recovery_seq; /* application thread: shrink rounds so far */
+  struct watch *watch;   /* heartbeat client (watch.c); NULL when none */
+  struct watch_bell *watch_bell; /* its doorbell (below), which comm_fail rings */
+  struct fault_plan *faults;     /* CHORUS_FAULTS, parsed: call faults (kill, stall) */
+  int64_t clock_offset_ns;       /* add to our CLOCK_MONOTONIC: rank 0's clock */
   /* An injected stall (fault injection, tests): until then the progress
    * engine does nothing, so the rank looks frozen to its peers. */
   _Atomic uint64_t stall_until_ns;
@@ -230,6 +231,13 @@ chorus_result comm_init_with(chorus_comm_t **comm, const comm_init_t *in);
 chorus_comm_t *comm_alloc(int rank, int size);
 void comm_free(chorus_comm_t *c);
 chorus_result comm_open_transport(chorus_comm_t *c);
+/* The transport c runs on, by name: CHORUS_PROVIDER, or chosen by
+ * topology (run.c). */
+const char *comm_provider_choice(const chorus_comm_t *c);
+/* Starts and stops c's progress thread and its event base (run.c):
+ * comm_start, comm_free. comm_progress_start returns 0 or -errno. */
+int comm_progress_start(chorus_comm_t *c);
+void comm_progress_stop(chorus_comm_t *c);
 /* Ranks on one host talk through a network provider (CHORUS_PROVIDER=tcp,
  * udp, ...), not shared memory. */
 bool comm_intra_network(const chorus_comm_t *c);
@@ -238,7 +246,7 @@ bool comm_shm_only(const chorus_comm_t *c);
 /* Every rank talks to every other over the sock transport. */
 bool comm_all_sock(const chorus_comm_t *c);
 /* The largest message shm copies through a bounce slot for this
- * communicator (prov_config_t.shm_bounce; PROV_BOUNCE_NONE: none). */
+ * communicator (prov_config_t.shm_bounce; PROV_BOUNCE_NONE: none; coll.c). */
 size_t comm_shm_bounce(const chorus_comm_t *c);
 chorus_result comm_pack_endpoint(chorus_comm_t *c, const char *host, uint8_t **out, size_t *outlen);
 chorus_result comm_add_peer_records(chorus_comm_t *c, void *const *recs, const size_t *lens,
@@ -248,12 +256,31 @@ chorus_result comm_register(chorus_comm_t *c);
 /* Everyone contributes len bytes; same contract as boot_allgather (free
  * *ptrs and *lens). Over the bootstrap, the in-process job, or for
  * communicators made by split, over their own transport
- * (comm_xport_allgather, split.c: needs the progress thread). Application
+ * (comm_xport_allgather: needs the progress thread). Application
  * thread; collective over c. */
 chorus_result comm_allgather(chorus_comm_t *c, const void *mine, size_t len, void ***ptrs,
                              size_t **lens, double timeout_s);
-chorus_result comm_xport_allgather(chorus_comm_t *c, const void *mine, size_t len, void ***ptrs,
-                                   size_t **lens);
+/* The same over c's own transport (xgather.c); alive: the ranks taking
+ * part (chorus_comm_shrink's survivors, with tags of their own), NULL: all. */
+chorus_result comm_xport_allgather(chorus_comm_t *c, const bool *alive, const void *mine,
+                                   size_t len, void ***ptrs, size_t **lens);
+
+/* The watchdog thread's doorbell (watch.c): what it is asked to do, and
+ * the eventfd it polls. Here, so that comm_fail rings it from below the
+ * watchdog (watch_bell_ring, run.c; any thread, not a signal handler). */
+enum {
+  WATCH_REQ_STOP = 1,
+  WATCH_REQ_FAIL = 2, /* the communicator failed here: tell the judge now */
+  WATCH_REQ_DUMP = 4,
+  WATCH_REQ_FATAL = 8,
+  WATCH_REQ_BEAT = 16
+};
+typedef struct watch_bell {
+  atomic_int req;
+  int efd;
+  int rank; /* for the log */
+} watch_bell_t;
+void watch_bell_ring(watch_bell_t *b, int bit);
 
 /* The communicator fails as a whole (any thread): the first failure wins;
  * pending runs are failed with rc by the executor, later calls fail at
@@ -271,7 +298,7 @@ void comm_stall(chorus_comm_t *c, double seconds, const char *why);
 /* Kills this process where CHORUS_FAULTS says (`where`, for the log). */
 void comm_fault_kill(const chorus_comm_t *c, const char *where);
 
-/* Hands a request to the progress thread (comm.c). With wake, the caller
+/* Hands a request to the progress thread (run.c). With wake, the caller
  * starts it, driving it for up to drive_ns (0: one round that posts its
  * first messages), and a sleeping progress thread is armed or woken for
  * what is left. */
@@ -318,7 +345,7 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
  * that creates the communicator, and a driver that waits (idle rounds, or
  * spinning while the progress thread holds prog_lock), move back to it when
  * they find themselves elsewhere, the driver at most every
- * COMM_HOME_EVERY_NS (comm.c: comm_go_home, comm_home_due). Left to itself the kernel
+ * COMM_HOME_EVERY_NS (run.c: comm_go_home, comm_home_due). Left to itself the kernel
  * may put both ranks of a job on one core while they connect (perf sched
  * shows them switching to each other thousands of times a second, the
  * other core idle) and keep them there into the first calls, each wait
@@ -328,6 +355,8 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
  * parent's instead, since a child's local ranks are numbered afresh (ranks
  * 0 and 2 of a 4-rank host would both be first in their halves). */
 #define COMM_HOME_UNSET (-2)
+/* Moves the calling thread to c->home_cpu if it is elsewhere (run.c). */
+void comm_go_home(chorus_comm_t *c);
 /* Whether a driver idle for idle_ns yields now (fsm_now_ns() = now). */
 bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns, uint64_t now);
 /* A yield from `before` to `after` (fsm_now_ns) is over: notes a crowded core. */
@@ -353,7 +382,7 @@ typedef struct {
  * than limit ns by the above. Start from (idle_clock_t){0}. */
 bool idle_clock_over(idle_clock_t *ic, uint64_t now, uint64_t limit);
 
-/* Requests (request.c). */
+/* Requests: completed and released in run.c, waited on in request.c. */
 void request_complete(chorus_request_t *req, chorus_result rc);
 /* Same, with the failure's explanation (NULL: the communicator's own
  * failure if it is the cause, else a generic line). */

@@ -69,7 +69,7 @@ int boot_allgather(boot_t *b, const void *mine, size_t len, void ***out_ptrs, si
 int boot_barrier(boot_t *b, double timeout_s, char *err, size_t errlen);
 /* The client's connection to rank 0 (for a liveness watch), or -1. */
 int boot_fd(const boot_t *b);
-/* The watchdog's own connection to rank 0's server (engine/watch.c):
+/* The watchdog's own connection to rank 0's server (engine/watch/watch.c):
  * connects, says WatchHello and reads WatchWelcome. Returns the connected
  * fd (nonblocking), with *offset_ns = rank 0's clock - ours, or a negative
  * chorus_result with the reason in err. */

@@ -104,7 +104,7 @@ static const struct setting settings_table[] = {
     {"CHORUS_CHUNK_BYTES", SET_SIZE, "256K",
      "pipeline chunk of the algorithms that cut messages in chunks; the default adapts to the "
      "communicator, a value you set is kept\n"
-     "The default, 256K, is adapted to the communicator when it is created (engine/coll.c, "
+     "The default, 256K, is adapted to the communicator when it is created (engine/comm/coll.c, "
      "sel_fit_cores), unless another value is set:\n"
      "- when a host's ranks outnumber its cores it grows by the ranks per core (1M for 8 ranks "
      "on 2 cores): a pipeline can not overlap more stages than there are cores, and every chunk "
@@ -149,7 +149,7 @@ static const struct setting settings_table[] = {
      "kernel's copy out of a send buffer still in the caches wins. Blocks the transport "
      "bounces anyway are not staged. One call at a time uses the buffer (another meanwhile uses "
      "its own buffers); it is made at the first call that needs it (a power of two, at least "
-     "1M, at most this) and lives as long as the communicator. See engine/coll.c, "
+     "1M, at most this) and lives as long as the communicator. See engine/comm/coll.c, "
      "\"Staging\".",
      FIELD(shm_stage), 0, 1099511627776.0},
     {"CHORUS_MAX_POSTED", SET_COUNT, "256",
@@ -215,7 +215,7 @@ static const struct setting settings_table[] = {
     {"CHORUS_VERIFY", SET_BOOL, "1",
      "check each compiled schedule before its first run (every send has one matching receive, "
      "no dependency cycle across ranks)\n"
-     "Each rank builds every rank's plan locally and checks them together (engine/verify.c).",
+     "Each rank builds every rank's plan locally and checks them together (engine/plan/verify.c).",
      FIELD(verify), 0, 1},
     {"CHORUS_DETERMINISTIC", SET_BOOL, "0",
      "reduce every element in one fixed order set by (nranks, count), whatever the timing\n"
@@ -1096,16 +1096,18 @@ void settings_print_markdown(FILE *f, enum settings_md what) {
     }
     return;
   }
-  fprintf(f, "# Chorus settings\n\n"
-             "<!-- Generated from the settings table in engine/settings.c: do not edit by hand.\n"
-             "     Regenerate with: scripts/gen-settings-docs.sh [BUILD_DIR] (it runs chorus-info\n"
-             "     --settings --markdown, and --markdown-table for README's table); the ctest\n"
-             "     docs_settings fails while this file, README.md and the code disagree. -->\n\n");
-  fprintf(f, "Every setting is an environment variable read when a communicator is created, "
-             "from one table\n(`engine/settings.c`). An empty value counts as unset; a malformed "
-             "or out-of-range value\nfails the communicator's creation with an error naming the "
-             "variable. `chorus-info --env`\nprints every setting with its default and its value "
-             "in this environment.\n\n");
+  fprintf(f,
+          "# Chorus settings\n\n"
+          "<!-- Generated from the settings table in engine/base/settings.c: do not edit by hand.\n"
+          "     Regenerate with: scripts/gen-settings-docs.sh [BUILD_DIR] (it runs chorus-info\n"
+          "     --settings --markdown, and --markdown-table for README's table); the ctest\n"
+          "     docs_settings fails while this file, README.md and the code disagree. -->\n\n");
+  fprintf(f,
+          "Every setting is an environment variable read when a communicator is created, "
+          "from one table\n(`engine/base/settings.c`). An empty value counts as unset; a malformed "
+          "or out-of-range value\nfails the communicator's creation with an error naming the "
+          "variable. `chorus-info --env`\nprints every setting with its default and its value "
+          "in this environment.\n\n");
   fprintf(f, "| variable | default | summary |\n|---|---|---|\n");
   for (i = 0; i < NSETTINGS; i++) {
     const struct setting *st = &settings_table[i];

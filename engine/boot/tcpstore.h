@@ -2,7 +2,7 @@
  * tcpstore.h - a client of PyTorch's TCPStore (torch.distributed.TCPStore),
  * just enough of it to hand a rendezvous id through the store a launcher
  * already runs: torchrun's agent store at MASTER_ADDR:MASTER_PORT, or the
- * one dist.init_process_group starts there (engine/launch.c).
+ * one dist.init_process_group starts there (engine/comm/launch.c).
  *
  * The wire protocol is torch's own, in host byte order: a query type byte,
  * then its arguments, each string or value as a 64-bit length and its bytes.
