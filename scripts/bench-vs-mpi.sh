@@ -1,28 +1,32 @@
 #!/usr/bin/env bash
-# bench-vs-mpi.sh - Chorus collectives against Open MPI's, size by size.
+# bench-vs-mpi.sh - Chorus collectives against Open MPI's and MPICH's, size by size.
 #
-# Runs R rounds, interleaved (chorus, MPI, chorus, MPI, ...), of
+# Runs R rounds, interleaved (chorus, Open MPI, MPICH, chorus, ...), of
 #   chorus-run -n N --provider P -- chorus-perf -c COLLS --json ...
-#   mpirun -np N ... mpi-perf -c COLLS --json ...
+#   mpirun.openmpi -np N ... mpi-perf.openmpi -c COLLS --json ...
+#   mpirun.mpich -np N ... mpi-perf.mpich -c COLLS --json ...
 # over the same sizes, keeps every JSON line, then prints, one table per
-# collective (each run sweeps every collective of -c in turn), per size the median
-# busbw of each, their ratio (chorus / MPI: above 1 means Chorus is faster) and
-# the median time per call of each, plus the median wall time of a whole run.
+# collective (each run sweeps every collective of -c in turn), per size the
+# median time per call of each, the ratio of the better MPI's time to
+# Chorus's (above 1: Chorus is faster) and Chorus's busbw; then a verdict line
+# per collective (at how many sizes Chorus is at or below the better MPI, and
+# the sizes where it is not), and the median wall time of a whole run.
 # "Median" is the run of median time per size (the faster of the two middle
 # runs for an even number of rounds), so time and busbw come from one run.
-# The MPI transport matches the Chorus provider: shm -> btl self,vader;
-# tcp and sock -> btl self,tcp over lo (and FI_TCP_IFACE=lo for Chorus, which
-# sock also follows, unless set).
+# mpi-perf (tools/mpi-perf.c, the same loop as chorus-perf) is built here
+# against each MPI with its own mpicc. The MPI transport matches the Chorus
+# provider: shm -> Open MPI's btl self,vader, MPICH's default (ch4:ucx, shared
+# memory); tcp and sock -> btl self,tcp over lo, UCX_TLS=tcp,self over lo (and
+# FI_TCP_IFACE=lo for Chorus, which sock also follows, unless set).
 #
-# --markdown runs the standard matrix instead (the four main collectives at
-# 32K, 2M and 64M over 2 ranks shm, 8 ranks shm and 2 ranks sock, by calling
+# --markdown runs the standard matrix instead (the four main collectives from
+# 8 B to 2 MiB and at 64 MiB over 2 ranks shm, 8 ranks shm and 2 ranks sock, by calling
 # this script once per configuration and size range) and prints
 # docs/performance.md whole: machine, method, the command, one table per
 # collective and configuration, then the hand-written section "Machine-shape-
 # specific paths and tuned thresholds" carried over from the current file.
 #   scripts/bench-vs-mpi.sh --markdown > docs/performance.md.new &&
 #     mv docs/performance.md.new docs/performance.md
-# Only Open MPI is compared (mpi-perf is built against the MPI CMake finds).
 set -euo pipefail
 orig_args=("$@")
 
@@ -38,7 +42,11 @@ usage: scripts/bench-vs-mpi.sh [options]
                   buffer of the operation, as in nccl-tests (see chorus-perf --help)
   -e SIZE         largest size (default 64M)
   -f FACTOR       size step factor (default 4)
-  -r ROUNDS       rounds; each runs chorus then MPI (default 5)
+  -r ROUNDS       rounds; each runs chorus then each MPI (default 5)
+  --mpi LIST      the MPIs to compare: openmpi, mpich or openmpi,mpich (default:
+                  each installed, found as mpirun.openmpi and mpicc.openmpi, and
+                  mpirun.mpich and mpicc.mpich: Debian's openmpi-bin
+                  libopenmpi-dev, mpich libmpich-dev)
   -d DTYPE        int8 uint8 int32 int64 float32 float64 (default float32)
   -o OP           sum prod min max avg (default sum; reductions only)
   --root R        root of bcast, reduce, gather, scatter (default 0)
@@ -51,15 +59,17 @@ usage: scripts/bench-vs-mpi.sh [options]
   --inplace       in place in both tools, where the collective has that form
   --mem MODE      plain (default: posix_memalign) or lib: each tool's library
                   allocates the buffers (chorus_mem_alloc, MPI_Alloc_mem)
-  --build DIR     build directory holding tools/chorus-run, tools/chorus-perf and
-                  tools/mpi-perf (default ./build)
+  --build DIR     build directory holding tools/chorus-run and tools/chorus-perf
+                  (default ./build); mpi-perf.openmpi and mpi-perf.mpich are
+                  built into its tools/ when missing or older than their sources
   --out DIR       keep the raw JSON lines and logs there (default: a new temp dir)
-  --chorus-only   run only Chorus     --mpi-only   run only MPI
+  --chorus-only   run only Chorus     --mpi-only   run only the MPIs
   --report DIR    run nothing: print the tables again from an earlier --out DIR
   --markdown      run the standard matrix (allreduce bcast allgather reduce_scatter;
-                  32K, 2M, 64M; 2 ranks shm, 8 ranks shm, 2 ranks sock; -r rounds,
-                  default 5) and print docs/performance.md whole; with --report
-                  DIR, print it from an earlier --markdown --out DIR
+                  8 B to 2 MiB by 8, and 64M; 2 ranks shm, 8 ranks shm, 2 ranks
+                  sock; -r rounds, default 5; --mpi) and print docs/performance.md
+                  whole; with --report DIR, print it from an earlier --markdown
+                  --out DIR
   --quick         with --markdown: 1 round and few calls a size (a smoke run of the
                   generator, not figures to publish)
   --keep FILE     with --markdown: the file whose hand-written section is carried
@@ -77,7 +87,7 @@ die_usage() {
 
 ranks=2 provider=shm minb=8 maxb=64M factor=4 rounds=5 dtype=float32 op=sum colls=allreduce
 iters="" warmup="" check=0 inplace=0 build=./build out="" run_chorus=1 run_mpi=1 report=""
-root="" algo="" mem=plain markdown=0 quick=0 rounds_set=0
+root="" algo="" mem=plain markdown=0 quick=0 rounds_set=0 mpis=""
 repo=$(cd "$(dirname "$0")/.." && pwd)
 keep=$repo/docs/performance.md
 while [ $# -gt 0 ]; do
@@ -99,6 +109,7 @@ while [ $# -gt 0 ]; do
     --inplace) inplace=1 ;;
     --mem) mem=${2:?}; shift ;;
     --build) build=${2:?}; shift ;;
+    --mpi) mpis=${2:?}; shift ;;
     --out) out=${2:?}; shift ;;
     --chorus-only) run_mpi=0 ;;
     --mpi-only) run_chorus=0 ;;
@@ -122,9 +133,9 @@ if [ $markdown = 1 ]; then
   configs=(2:shm 8:shm 2:sock)
   if [ $quick = 1 ]; then
     [ $rounds_set = 1 ] || rounds=1
-    sweeps=("small:-b 32K -e 2M -f 64 -i 20 -w 2" "large:-b 64M -e 64M -i 1 -w 1")
+    sweeps=("small:-b 8 -e 2M -f 8 -i 20 -w 2" "large:-b 64M -e 64M -i 1 -w 1")
   else
-    sweeps=("small:-b 32K -e 2M -f 64 -i 300 -w 20" "large:-b 64M -e 64M -i 5 -w 1")
+    sweeps=("small:-b 8 -e 2M -f 8 -i 300 -w 20" "large:-b 64M -e 64M -i 5 -w 1")
   fi
   if [ -n "$report" ]; then
     out=$report
@@ -140,7 +151,7 @@ if [ $markdown = 1 ]; then
         echo "# bench-vs-mpi --markdown: ${cfg%%:*} ranks over ${cfg#*:}, ${sw#*:}" >&2
         # shellcheck disable=SC2086 # the sweep's options are words
         "$0" -c "$md_colls" -n "${cfg%%:*}" -p "${cfg#*:}" ${sw#*:} -r "$rounds" \
-          --build "$build" --mem "$mem" --out "$dir" >"$dir.txt" 2>"$dir.log" || {
+          --build "$build" --mem "$mem" ${mpis:+--mpi "$mpis"} --out "$dir" >"$dir.txt" 2>"$dir.log" || {
           echo "bench-vs-mpi.sh: ${cfg} ${sw%%:*} failed; see $dir.log" >&2
           failed=1
         }
@@ -154,7 +165,8 @@ if [ $markdown = 1 ]; then
       echo "l2=$(lscpu 2>/dev/null | sed -n 's/^L2 cache: *//p' | head -n1)"
       echo "l3=$(lscpu 2>/dev/null | sed -n 's/^L3 cache: *//p' | head -n1)"
       echo "kernel=$(uname -sr)"
-      echo "mpi=$(mpirun --version 2>/dev/null | head -n1)"
+      echo "openmpi=$(mpirun.openmpi --version 2>/dev/null | head -n1)"
+      echo "mpich=$(mpichversion 2>/dev/null | sed -n 's/^MPICH Version: *//p;s/^MPICH Device: *//p' | paste -sd' ')"
       echo "libfabric=$(fi_info --version 2>/dev/null | sed -n 's/^libfabric: *//p')"
       echo "command=scripts/bench-vs-mpi.sh$(printf ' %s' "${orig_args[@]}")"
       echo "rounds=$rounds"
@@ -172,6 +184,7 @@ with open(os.path.join(out, "machine.txt")) as f:
         meta[k] = v
 configs = [("2-shm", "2 ranks, shm"), ("8-shm", "8 ranks, shm"), ("2-sock", "2 ranks, TCP (`sock`)")]
 colls = ["allreduce", "bcast", "allgather", "reduce_scatter"]
+NAMES = {"openmpi": "Open MPI", "mpich": "MPICH"}
 
 def median_run(recs):
     return sorted(recs, key=lambda r: r["time_us"])[(len(recs) - 1) // 2] if recs else None
@@ -187,32 +200,35 @@ def us(t):
         return "-"
     return f"{t / 1000:.2f} ms" if t >= 10000 else f"{t:.1f} us"
 
-# records[config][tool][coll][bytes] -> [rec]
+# records[config][tool][coll][bytes] -> [rec]; "mpi": an older run's Open MPI
 records = {}
 for cfg, _ in configs:
     for name in sorted(os.listdir(out)):
         if not (name.startswith(cfg + "-") and os.path.isdir(os.path.join(out, name))):
             continue
         for fn in sorted(os.listdir(os.path.join(out, name))):
-            m = re.fullmatch(r"(chorus|mpi)-\d+\.jsonl", fn)
+            m = re.fullmatch(r"(chorus|openmpi|mpich|mpi)-\d+\.jsonl", fn)
             if not m:
                 continue
+            tool = "openmpi" if m.group(1) == "mpi" else m.group(1)
             with open(os.path.join(out, name, fn)) as f:
                 for line in f:
                     line = re.sub(r"^\[\d+\] ", "", line.strip())
                     if line.startswith("{"):
                         r = json.loads(line)
-                        (records.setdefault(cfg, {}).setdefault(m.group(1), {})
+                        (records.setdefault(cfg, {}).setdefault(tool, {})
                          .setdefault(r.get("collective", "allreduce"), {})
                          .setdefault(r["bytes"], []).append(r))
+mpis = [t for t in ("openmpi", "mpich") if any(t in records.get(c, {}) for c, _ in configs)]
+peers = " and ".join(NAMES[t] for t in mpis) or "MPI"
 
 p = print
-p("# Chorus performance against Open MPI")
+p(f"# Chorus performance against {peers}")
 p()
 p("<!-- Generated by scripts/bench-vs-mpi.sh --markdown (everything above \"Machine-shape-specific")
 p("     paths and tuned thresholds\", which is carried over from the previous file as written). -->")
 p()
-p("Regenerate the whole file (about 45 minutes; run it on a quiet machine, nothing else running):")
+p("Regenerate the whole file (about an hour; run it on a quiet machine, nothing else running):")
 p()
 p("```sh")
 p("./scripts/build.sh build && scripts/bench-vs-mpi.sh --markdown > docs/performance.md.new && mv docs/performance.md.new docs/performance.md")
@@ -226,37 +242,44 @@ p("## Machine and method")
 p()
 p(f"- Measured {meta.get('date', '?')} on commit {meta.get('commit', '?')}, by `{meta.get('command', '?')}`.")
 p(f"- Machine: {meta.get('cpu', '?')}, {meta.get('cpus', '?')} CPUs (L2 {meta.get('l2', '?')}, L3 {meta.get('l3', '?')}), {meta.get('kernel', '?')};")
-p(f"  {meta.get('mpi', '?')}; libfabric {meta.get('libfabric', '?')}. MPICH is not compared: the script drives Open MPI's")
-p("  `mpirun` only.")
+versions = []
+if "openmpi" in mpis:
+    versions.append(meta.get("openmpi") or meta.get("mpi", "Open MPI ?"))
+if "mpich" in mpis:
+    versions.append("MPICH " + meta.get("mpich", "?"))
+p(f"  {'; '.join(versions)}; libfabric {meta.get('libfabric', '?')}.")
 nr = meta.get('rounds', '?')
-p(f"- Method: {nr} round{'' if nr == '1' else 's'}, each running Chorus (`chorus-run ... chorus-perf`) then Open MPI (`mpirun ... mpi-perf`),")
-p("  the same benchmark loop (`tools/perf_common.c`): float32, sum for reductions, out of place, buffers from")
-p("  `posix_memalign`; 300 timed calls after 20 warmup calls at 32 KiB and 2 MiB, 5 after 1 at 64 MiB. A call's time")
-p("  is the slowest rank's; each cell is the round of median time. Sizes are the whole buffer of the operation, as")
-p("  in nccl-tests, and busbw follows nccl-tests' definitions. Open MPI runs with `--mca pml ob1` and `btl self,vader`")
-p("  (shm) or `btl self,tcp` over loopback (`sock`), `--bind-to none`, as Chorus does not bind either.")
-p("- Ratio: Open MPI's time over Chorus's; above 1, Chorus is faster.")
+p(f"- Method: {nr} round{'' if nr == '1' else 's'}, each running Chorus (`chorus-run ... chorus-perf`), then each MPI")
+p("  (`mpirun ... mpi-perf`, built against it), the same benchmark loop (`tools/perf_common.c`): float32, sum for")
+p("  reductions, out of place, buffers from `posix_memalign`; 300 timed calls after 20 warmup calls from 8 B to 2 MiB,")
+p("  5 after 1 at 64 MiB. A call's time is the slowest rank's; each cell is the round of median time. Sizes are the")
+p("  whole buffer of the operation, as in nccl-tests, and busbw follows nccl-tests' definitions. Open MPI runs with")
+p("  `--mca pml ob1` and `btl self,vader` (shm) or `btl self,tcp` over loopback (`sock`), `--bind-to none`; MPICH")
+p("  (ch4:ucx) with its defaults (shm) or `UCX_TLS=tcp,self` over loopback; neither binds ranks, as Chorus does not.")
+p("- Ratio: the better MPI's time over Chorus's; at or above 1, Chorus is at least as fast as both.")
 p("- 8 ranks on this machine's CPUs means ranks outnumber the cores: every message waits for its receiver's")
 p("  turn on a core, and the paths for that shape are taken (see the last section).")
 for cfg, title in configs:
     for coll in colls:
         c = records.get(cfg, {}).get("chorus", {}).get(coll, {})
-        m = records.get(cfg, {}).get("mpi", {}).get(coll, {})
-        if not c and not m:
+        ms = {t: records.get(cfg, {}).get(t, {}).get(coll, {}) for t in mpis}
+        if not c and not any(ms.values()):
             continue
-        algos = sorted({r.get("algo", "?") for b in c for r in c[b]})
         p()
         p(f"## {coll}, {title}")
         p()
-        p("| size | Chorus time | Open MPI time | Chorus busbw (GB/s) | Open MPI busbw (GB/s) | ratio | Chorus algorithm |")
-        p("|---|---|---|---|---|---|---|")
-        for b in sorted(set(c) | set(m)):
-            cr, mr = median_run(c.get(b, [])), median_run(m.get(b, []))
-            ct, mt = (cr or {}).get("time_us"), (mr or {}).get("time_us")
-            cb, mb = (cr or {}).get("busbw_gbs"), (mr or {}).get("busbw_gbs")
-            ratio = f"{mt / ct:.2f}" if ct and mt else "-"
-            fb = lambda v: f"{v:.2f}" if v is not None else "-"
-            p(f"| {size(b)} | {us(ct)} | {us(mt)} | {fb(cb)} | {fb(mb)} | {ratio} | {(cr or {}).get('algo', '-')} |")
+        p("| size | Chorus time | " + " | ".join(f"{NAMES[t]} time" for t in mpis) +
+          " | Chorus busbw (GB/s) | ratio | Chorus algorithm |")
+        p("|---|---|" + "---|" * len(mpis) + "---|---|---|")
+        for b in sorted(set(c).union(*[set(v) for v in ms.values()])):
+            cr = median_run(c.get(b, []))
+            ct, cb = (cr or {}).get("time_us"), (cr or {}).get("busbw_gbs")
+            mts = [(median_run(ms[t].get(b, [])) or {}).get("time_us") for t in mpis]
+            known = [v for v in mts if v]
+            ratio = f"{min(known) / ct:.2f}" if ct and known else "-"
+            fb = f"{cb:.2f}" if cb is not None else "-"
+            p(f"| {size(b)} | {us(ct)} | " + " | ".join(us(v) for v in mts) +
+              f" | {fb} | {ratio} | {(cr or {}).get('algo', '-')} |")
 if keep:
     with open(keep) as f:
         text = f.read()
@@ -274,10 +297,27 @@ fi
 [ -z "$root" ] || [[ $root =~ ^[0-9]+$ ]] || die_usage "--root needs a rank"
 [ "$mem" = plain ] || [ "$mem" = lib ] || die_usage "--mem must be plain or lib"
 case "$provider" in
-  shm) mpi_btl=(--mca btl "self,vader") ;;
-  tcp|sock) mpi_btl=(--mca btl "self,tcp" --mca btl_tcp_if_include lo) ;;
+  shm) mpi_btl=(--mca btl "self,vader") mpich_env=() ;;
+  tcp|sock)
+    mpi_btl=(--mca btl "self,tcp" --mca btl_tcp_if_include lo)
+    mpich_env=(env UCX_TLS=tcp,self UCX_NET_DEVICES=lo) ;;
   *) die_usage "-p must be shm, tcp or sock" ;;
 esac
+mpis_auto=0
+if [ -z "$mpis" ]; then
+  mpis_auto=1
+  for m in openmpi mpich; do
+    if command -v "mpirun.$m" >/dev/null && command -v "mpicc.$m" >/dev/null; then
+      mpis+=${mpis:+,}$m
+    fi
+  done
+fi
+[[ $mpis =~ ^(openmpi|mpich)(,(openmpi|mpich))?$ ]] || [ $run_mpi = 0 ] || [ -n "$report" ] ||
+  die_usage "--mpi needs openmpi, mpich or both, and one installed (mpirun.openmpi and mpicc.openmpi, or mpirun.mpich and mpicc.mpich)"
+IFS=, read -r -a mpi_list <<<"$mpis"
+if [ $mpis_auto = 1 ] && [ $run_mpi = 1 ] && [ -z "$report" ] && [ ${#mpi_list[@]} = 1 ]; then
+  echo "bench-vs-mpi.sh: comparing $mpis only (for both: apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev)" >&2
+fi
 command -v python3 >/dev/null || { echo "bench-vs-mpi.sh: python3 is needed" >&2; exit 2; }
 
 if [ -n "$report" ]; then
@@ -287,15 +327,24 @@ fi
 
 chorus_run=$build/tools/chorus-run
 chorus_perf=$build/tools/chorus-perf
-mpi_perf=$build/tools/mpi-perf
 if [ $run_chorus = 1 ]; then
   for b in "$chorus_run" "$chorus_perf"; do
     [ -x "$b" ] || die_usage "$b not found (build it, or pass --build DIR)"
   done
 fi
+# mpi-perf.MPI: tools/mpi-perf.c built against that MPI by its own mpicc
 if [ $run_mpi = 1 ]; then
-  [ -x "$mpi_perf" ] || die_usage "$mpi_perf not found (is MPI installed? pass --build DIR)"
-  command -v mpirun >/dev/null || die_usage "mpirun not found"
+  for m in "${mpi_list[@]}"; do
+    command -v "mpirun.$m" >/dev/null || die_usage "mpirun.$m not found (is $m installed?)"
+    command -v "mpicc.$m" >/dev/null || die_usage "mpicc.$m not found (is $m's -dev package installed?)"
+    bin=$build/tools/mpi-perf.$m
+    if [ ! -x "$bin" ] || [ "$repo/tools/mpi-perf.c" -nt "$bin" ] ||
+      [ "$repo/tools/perf_common.c" -nt "$bin" ] || [ "$repo/tools/perf_common.h" -nt "$bin" ]; then
+      mkdir -p "$build/tools"
+      "mpicc.$m" -O2 -Wall -o "$bin" "$repo/tools/mpi-perf.c" "$repo/tools/perf_common.c" -lm ||
+        { echo "bench-vs-mpi.sh: building $bin failed" >&2; exit 2; }
+    fi
+  done
 fi
 
 if [ -z "$out" ]; then
@@ -318,9 +367,17 @@ if [ "$provider" != shm ] && [ -z "${FI_TCP_IFACE:-}" ]; then
 fi
 chorus_cmd=(${chorus_env[@]+"${chorus_env[@]}"} "$chorus_run" -n "$ranks" --provider "$provider" --no-tag --
   "$chorus_perf" "${perf_args[@]}" ${algo:+--algo "$algo"})
-# pml ob1 makes the btl choice binding (it is Open MPI's default pml here too).
-mpi_cmd=(mpirun --allow-run-as-root --oversubscribe -np "$ranks" --bind-to none
-  --mca pml ob1 "${mpi_btl[@]}" "$mpi_perf" "${perf_args[@]}")
+# mpi_cmd MPI: the command that runs mpi-perf over that MPI, into cmd[].
+# Open MPI: pml ob1 makes the btl choice binding (it is its default pml here
+# too). Neither binds ranks to cores: Chorus does not either.
+mpi_cmd() {
+  case "$1" in
+    openmpi) cmd=(mpirun.openmpi --allow-run-as-root --oversubscribe -np "$ranks" --bind-to none
+      --mca pml ob1 "${mpi_btl[@]}" "$build/tools/mpi-perf.openmpi" "${perf_args[@]}") ;;
+    mpich) cmd=(${mpich_env[@]+"${mpich_env[@]}"} mpirun.mpich -np "$ranks" -host localhost
+      "$build/tools/mpi-perf.mpich" "${perf_args[@]}") ;;
+  esac
+}
 
 if [ -z "$report" ]; then
   echo "# bench-vs-mpi: $colls, $ranks ranks, provider $provider, $dtype $op, sizes" \
@@ -337,7 +394,12 @@ show_cmd() {
   echo "$line"
 }
 if [ $run_chorus = 1 ]; then echo "# chorus:$(show_cmd "${chorus_cmd[@]}")"; fi
-if [ $run_mpi = 1 ]; then echo "# mpi:   $(show_cmd "${mpi_cmd[@]}")"; fi
+if [ $run_mpi = 1 ]; then
+  for m in "${mpi_list[@]}"; do
+    mpi_cmd "$m"
+    printf '# %-7s%s\n' "$m:" "$(show_cmd "${cmd[@]}")"
+  done
+fi
 
 now() { date +%s.%N; }
 failed=0
@@ -360,39 +422,46 @@ run() {
 
 for ((round = 1; round <= rounds; round++)); do
   if [ $run_chorus = 1 ]; then run chorus "$round" "${chorus_cmd[@]}"; fi
-  if [ $run_mpi = 1 ]; then run mpi "$round" "${mpi_cmd[@]}"; fi
+  if [ $run_mpi = 1 ]; then
+    for m in "${mpi_list[@]}"; do
+      mpi_cmd "$m"
+      run "$m" "$round" "${cmd[@]}"
+    done
+  fi
 done
 
 python3 - "$out" <<'EOF' || failed=1
 import json, os, re, statistics, sys
 
 out = sys.argv[1]
+TOOLS = ("chorus", "openmpi", "mpich")
+NAMES = {"chorus": "Chorus", "openmpi": "Open MPI", "mpich": "MPICH"}
 # tool -> collective -> bytes -> list of records; collectives in order of appearance
-rows = {"chorus": {}, "mpi": {}}
+rows = {t: {} for t in TOOLS}
 colls = []
-walls = {"chorus": [], "mpi": []}
+walls = {t: [] for t in TOOLS}
 info = {}
-for tool in rows:
-    for name in sorted(os.listdir(out)):
-        m = re.fullmatch(tool + r"-(\d+)\.jsonl", name)
-        if not m:
-            continue
-        path = os.path.join(out, name)
-        wall = os.path.join(out, f"{tool}-{m.group(1)}.wall")
-        if os.path.exists(wall):
-            with open(wall) as f:
-                walls[tool].append(float(f.read()))
-        with open(path) as f:
-            for line in f:
-                line = re.sub(r"^\[\d+\] ", "", line.strip())  # a launcher's rank tag
-                if not line.startswith("{"):
-                    continue
-                rec = json.loads(line)
-                coll = rec.get("collective", "allreduce")  # lines of older tools
-                if coll not in colls:
-                    colls.append(coll)
-                rows[tool].setdefault(coll, {}).setdefault(rec["bytes"], []).append(rec)
-                info.setdefault(tool, rec)
+for name in sorted(os.listdir(out)):
+    m = re.fullmatch(r"(chorus|openmpi|mpich|mpi)-(\d+)\.jsonl", name)
+    if not m:
+        continue
+    tool = "openmpi" if m.group(1) == "mpi" else m.group(1)  # "mpi": an older run's Open MPI
+    wall = os.path.join(out, f"{m.group(1)}-{m.group(2)}.wall")
+    if os.path.exists(wall):
+        with open(wall) as f:
+            walls[tool].append(float(f.read()))
+    with open(os.path.join(out, name)) as f:
+        for line in f:
+            line = re.sub(r"^\[\d+\] ", "", line.strip())  # a launcher's rank tag
+            if not line.startswith("{"):
+                continue
+            rec = json.loads(line)
+            coll = rec.get("collective", "allreduce")  # lines of older tools
+            if coll not in colls:
+                colls.append(coll)
+            rows[tool].setdefault(coll, {}).setdefault(rec["bytes"], []).append(rec)
+            info.setdefault(tool, rec)
+mpis = [t for t in ("openmpi", "mpich") if rows[t]]
 
 def median_run(recs):
     """The run of median time (the faster middle one for an even count), so
@@ -409,14 +478,23 @@ def fmt(v, spec):
         return "-".rjust(int(spec.split(".")[0]))
     return format(v, spec)
 
+def size(b):
+    for unit, sfx in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if b >= unit and b % unit == 0:
+            return f"{b // unit} {sfx}"
+    return f"{b} B"
+
 for tool, rec in info.items():
     print(f"# {tool}: provider {rec['provider']}, {rec['nranks']} ranks")
 check = any(r.get("wrong") is not None
             for t in rows for c in rows[t] for b in rows[t][c] for r in rows[t][c][b])
 bad = 0
+verdicts = []
 for coll in colls:
-    crows, mrows = rows["chorus"].get(coll, {}), rows["mpi"].get(coll, {})
-    first = next(iter((crows or mrows).values()))[0]
+    crows = rows["chorus"].get(coll, {})
+    mrows = {t: rows[t].get(coll, {}) for t in mpis}
+    sizes = sorted(set(crows).union(*[set(v) for v in mrows.values()]))
+    first = next(r for t in TOOLS for b in rows[t].get(coll, {}) for r in rows[t][coll][b])
     algos = sorted({r.get("algo", "?") for b in crows for r in crows[b]})
     desc = coll
     if first.get("root") is not None:
@@ -426,36 +504,53 @@ for coll in colls:
     if algos:
         desc += f", chorus algo {'/'.join(algos)}"
     print(f"\n# {desc}")
-    hdr = f"{'bytes':>12} {'count':>10} {'chorus busbw':>13} {'mpi busbw':>10} {'ratio':>7} " \
-          f"{'chorus us':>11} {'mpi us':>11} {'runs c/m':>9}"
+    hdr = f"{'bytes':>12} {'count':>10} {'chorus us':>11}"
+    for t in mpis:
+        hdr += f" {t + ' us':>11}"
+    hdr += f" {'ratio':>7} {'chorus busbw':>13} {'runs':>9}"
     if check:
-        hdr += f" {'wrong c/m':>10}"
+        hdr += f" {'wrong':>10}"
     print(hdr)
-    print(f"{'(B)':>12} {'':>10} {'(GB/s)':>13} {'(GB/s)':>10} {'c/m':>7} {'(median)':>11} "
-          f"{'(median)':>11}")
-    for b in sorted(set(crows) | set(mrows)):
-        c, m = crows.get(b, []), mrows.get(b, [])
-        cr, mr = median_run(c), median_run(m)
-        cb, mb = get(cr, "busbw_gbs"), get(mr, "busbw_gbs")
-        ct, mt = get(cr, "time_us"), get(mr, "time_us")
-        count = (c or m)[0]["count"]
-        # busbw is 0 for 1 rank and null for barrier; compare times then (mpi / chorus)
-        if cb and mb:
-            ratio = cb / mb
-        elif ct and mt:
-            ratio = mt / ct
-        else:
-            ratio = None
-        line = f"{b:>12} {count:>10} {fmt(cb, '13.3f')} {fmt(mb, '10.3f')} {fmt(ratio, '7.2f')} " \
-               f"{fmt(ct, '11.1f')} {fmt(mt, '11.1f')} {f'{len(c)}/{len(m)}':>9}"
+    sub = f"{'(B)':>12} {'':>10} {'(median)':>11}" + f" {'(median)':>11}" * len(mpis)
+    sub += f" {'best/c':>7} {'(GB/s)':>13} {'/'.join(['c'] + [t[0] for t in mpis]):>9}"
+    print(sub)
+    behind, ahead, n = [], 0, 0
+    for b in sizes:
+        c = crows.get(b, [])
+        cr = median_run(c)
+        ct = get(cr, "time_us")
+        mts = {t: get(median_run(mrows[t].get(b, [])), "time_us") for t in mpis}
+        known = [v for v in mts.values() if v]
+        best = min(known) if known else None
+        count = next(r for t in TOOLS for r in rows[t].get(coll, {}).get(b, []))["count"]
+        ratio = best / ct if ct and best else None  # above 1: Chorus is faster
+        line = f"{b:>12} {count:>10} {fmt(ct, '11.1f')}"
+        for t in mpis:
+            line += f" {fmt(mts[t], '11.1f')}"
+        runs = "/".join([str(len(c))] + [str(len(mrows[t].get(b, []))) for t in mpis])
+        line += f" {fmt(ratio, '7.2f')} {fmt(get(cr, 'busbw_gbs'), '13.3f')} {runs:>9}"
         if check:
-            wc = sum(r["wrong"] or 0 for r in c)
-            wm = sum(r["wrong"] or 0 for r in m)
-            bad += wc + wm
-            line += f" {f'{wc}/{wm}':>10}"
+            ws = [sum(r["wrong"] or 0 for r in c)] + \
+                 [sum(r["wrong"] or 0 for r in mrows[t].get(b, [])) for t in mpis]
+            bad += sum(ws)
+            line += f" {'/'.join(map(str, ws)):>10}"
         print(line)
+        if ratio is not None:
+            n += 1
+            if ratio >= 1:
+                ahead += 1
+            else:
+                behind.append(f"{size(b)} {ratio:.2f}x")
+    if n:
+        peer = " and ".join(NAMES[t] + "'s" for t in mpis)
+        peer = ("the better of " if len(mpis) > 1 else "") + peer
+        tail = "" if not behind else "; behind at " + ", ".join(behind)
+        verdicts.append(f"# verdict {coll}: {'PASS' if not behind else 'BEHIND'}, Chorus at or below "
+                        f"{peer} time at {ahead} of {n} sizes{tail}")
 print()
-for tool in ("chorus", "mpi"):
+for v in verdicts:
+    print(v)
+for tool in TOOLS:
     if walls[tool]:
         print(f"# {tool} wall time per run: median {statistics.median(walls[tool]):.2f} s "
               f"over {len(walls[tool])} runs (min {min(walls[tool]):.2f}, max {max(walls[tool]):.2f})")

@@ -4,7 +4,7 @@
  *   mpirun -np 4 mpi-perf -c allreduce -b 8 -e 64M -f 4 -d float32 -o sum --check
  *
  * Same options (less --algo), sizes, check patterns, run loop and output
- * (table or --json, with "provider":"openmpi") as tools/chorus-perf.c, so
+ * (table or --json, with "provider": "openmpi" or "mpich") as tools/chorus-perf.c, so
  * that results compare line by line: both take them from
  * tools/perf_common.c; this file only maps each collective to MPI:
  *
@@ -31,9 +31,16 @@
 #include <string.h>
 
 #define PERF_NAME "mpi-perf"
-/* Open MPI picks its algorithm itself (coll/tuned decision rules). */
+/* The MPI picks its algorithm itself (Open MPI: coll/tuned's decision rules). */
 #define PERF_ALGO "default"
+/* Which MPI this binary was built against, as "provider" in its output. */
+#if defined(OPEN_MPI)
 #define PERF_PROVIDER "openmpi"
+#elif defined(MPICH)
+#define PERF_PROVIDER "mpich"
+#else
+#define PERF_PROVIDER "mpi"
+#endif
 
 static const struct perf_tool tool = {
     .name = PERF_NAME,
