@@ -20,7 +20,7 @@
 # FI_TCP_IFACE=lo for Chorus, which sock also follows, unless set).
 #
 # --markdown runs the standard matrix instead (the four main collectives from
-# 8 B to 2 MiB and at 64 MiB over 2 ranks shm, 8 ranks shm and 2 ranks sock, by calling
+# 8 B to 2 MiB and at 64 MiB, and barrier, over 2 ranks shm, 8 ranks shm and 2 ranks sock, by calling
 # this script once per configuration and size range) and prints
 # docs/performance.md whole: machine, method, the command, one table per
 # collective and configuration, then the hand-written section "Machine-shape-
@@ -65,8 +65,8 @@ usage: scripts/bench-vs-mpi.sh [options]
   --out DIR       keep the raw JSON lines and logs there (default: a new temp dir)
   --chorus-only   run only Chorus     --mpi-only   run only the MPIs
   --report DIR    run nothing: print the tables again from an earlier --out DIR
-  --markdown      run the standard matrix (allreduce bcast allgather reduce_scatter;
-                  8 B to 2 MiB by 8, and 64M; 2 ranks shm, 8 ranks shm, 2 ranks
+  --markdown      run the standard matrix (allreduce bcast allgather reduce_scatter,
+                  8 B to 2 MiB by 8, and 64M; barrier; 2 ranks shm, 8 ranks shm, 2 ranks
                   sock; -r rounds, default 5; --mpi) and print docs/performance.md
                   whole; with --report DIR, print it from an earlier --markdown
                   --out DIR
@@ -129,7 +129,7 @@ if [ $markdown = 1 ]; then
   [[ $rounds =~ ^[1-9][0-9]*$ ]] || die_usage "-r needs a positive integer"
   command -v python3 >/dev/null || { echo "bench-vs-mpi.sh: python3 is needed" >&2; exit 2; }
   [ -f "$keep" ] || keep=""
-  md_colls=allreduce,bcast,allgather,reduce_scatter
+  md_colls=allreduce,bcast,allgather,reduce_scatter,barrier
   configs=(2:shm 8:shm 2:sock)
   if [ $quick = 1 ]; then
     [ $rounds_set = 1 ] || rounds=1
@@ -150,7 +150,9 @@ if [ $markdown = 1 ]; then
         dir="$out/${cfg/:/-}-${sw%%:*}"
         echo "# bench-vs-mpi --markdown: ${cfg%%:*} ranks over ${cfg#*:}, ${sw#*:}" >&2
         # shellcheck disable=SC2086 # the sweep's options are words
-        "$0" -c "$md_colls" -n "${cfg%%:*}" -p "${cfg#*:}" ${sw#*:} -r "$rounds" \
+        colls_sw=$md_colls
+        [ "${sw%%:*}" = small ] || colls_sw=${md_colls%,barrier} # barrier has no size
+        "$0" -c "$colls_sw" -n "${cfg%%:*}" -p "${cfg#*:}" ${sw#*:} -r "$rounds" \
           --build "$build" --mem "$mem" ${mpis:+--mpi "$mpis"} --out "$dir" >"$dir.txt" 2>"$dir.log" || {
           echo "bench-vs-mpi.sh: ${cfg} ${sw%%:*} failed; see $dir.log" >&2
           failed=1
@@ -166,7 +168,7 @@ if [ $markdown = 1 ]; then
       echo "l3=$(lscpu 2>/dev/null | sed -n 's/^L3 cache: *//p' | head -n1)"
       echo "kernel=$(uname -sr)"
       echo "openmpi=$(mpirun.openmpi --version 2>/dev/null | head -n1)"
-      echo "mpich=$(mpichversion 2>/dev/null | sed -n 's/^MPICH Version: *//p;s/^MPICH Device: *//p' | paste -sd' ')"
+      echo "mpich=$(mpichversion 2>/dev/null | sed -n 's/^MPICH Version:[[:space:]]*//p;s/^MPICH Device:[[:space:]]*//p' | paste -sd' ')"
       echo "libfabric=$(fi_info --version 2>/dev/null | sed -n 's/^libfabric: *//p')"
       echo "command=scripts/bench-vs-mpi.sh$(printf ' %s' "${orig_args[@]}")"
       echo "rounds=$rounds"
@@ -183,7 +185,7 @@ with open(os.path.join(out, "machine.txt")) as f:
         k, _, v = line.rstrip("\n").partition("=")
         meta[k] = v
 configs = [("2-shm", "2 ranks, shm"), ("8-shm", "8 ranks, shm"), ("2-sock", "2 ranks, TCP (`sock`)")]
-colls = ["allreduce", "bcast", "allgather", "reduce_scatter"]
+colls = ["allreduce", "bcast", "allgather", "reduce_scatter", "barrier"]
 NAMES = {"openmpi": "Open MPI", "mpich": "MPICH"}
 
 def median_run(recs):
