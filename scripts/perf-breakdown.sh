@@ -48,6 +48,7 @@ find "$build/engine" "$build/providers" "$build/fsm" -name '*.c.o' | while IFS= 
   src=${o#"$build"/}
   src=${src/CMakeFiles\/*.dir\//}
   src=${src%.o}
+  [ -f "$src" ] || continue # left by a build of files since moved or removed
   nm --defined-only "$o" 2>/dev/null | awk -v f="$src" '$2 ~ /^[TtWw]$/ { print $3, f }'
 done >"$tmp/syms"
 
@@ -104,11 +105,15 @@ if total < 99:
 print(f"# {'share':>6}  {'per call':>11}  stage (file, or shared object)")
 rooms = collections.Counter()
 for st, p in stage.most_common():
+    if p < 0.05:
+        continue
     print(f"  {p:5.1f}%  {ns(p)}  {st}")
     parts = st.split("/")
     rooms["/".join(parts[:2]) if parts[0] == "engine" and len(parts) > 2 else parts[0]] += p
 print(f"# by room")
 for r, p in rooms.most_common():
+    if p < 0.05:
+        continue
     print(f"  {p:5.1f}%  {ns(p)}  {r}")
 if top:
     print(f"# the {top} hottest functions")
