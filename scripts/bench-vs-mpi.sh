@@ -534,9 +534,9 @@ for coll in colls:
         best = min(known) if known else None
         count = next(r for t in TOOLS for r in rows[t].get(coll, {}).get(b, []))["count"]
         ratio = best / ct if ct and best else None  # above 1: Chorus is faster
-        line = f"{b:>12} {count:>10} {fmt(ct, '11.1f')}"
+        line = f"{b:>12} {count:>10} {fmt(ct, '11.2f')}"
         for t in mpis:
-            line += f" {fmt(mts[t], '11.1f')}"
+            line += f" {fmt(mts[t], '11.2f')}"
         runs = "/".join([str(len(c))] + [str(len(mrows[t].get(b, []))) for t in mpis])
         line += f" {fmt(ratio, '7.2f')} {fmt(get(cr, 'busbw_gbs'), '13.3f')} {runs:>9}"
         if check:
