@@ -739,55 +739,27 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
  * is read where it lies: copied out of it, or reduced straight from it
  * (PROV_OP_BORROW); from any other buffer the receiver copies it through
  * the kernel (CMA: a system call, page pinning, then the copy). When a
- * host's ranks outnumber its cores, calls from plain memory past the bounce
- * slots (CHORUS_SHM_BOUNCE) use the communicator's own mappable buffer, of
- * up to CHORUS_SHM_STAGE bytes:
- *   STAGE_ALL   an allreduce (of up to STAGE_ALLREDUCE_MAX bytes) runs in
- *               place in it: this rank's data copied in when the call
- *               starts (coll_prepare), the result out when the request
- *               completes (request_complete_text);
- *   STAGE_SEND  an allgather's own block, or a broadcast root's data, is
- *               copied in and sent from there; peers copy it where it lies
- *               straight into their own buffers, which the plan fills as
- *               usual. Allgathers then take the direct algorithm (every
- *               peer reads every block from its owner: select.c,
- *               cost_allgather), not one that forwards what it received
- *               out of plain memory; broadcasts go flat (every receiver
- *               reads the root's buffer: select.c, bcast_pulled).
+ * host's ranks outnumber its cores, an allgather's own block, or a
+ * broadcast root's data, from plain memory past the bounce slots
+ * (CHORUS_SHM_BOUNCE) is copied into the communicator's own mappable
+ * buffer, of up to CHORUS_SHM_STAGE bytes, and sent from there; peers copy
+ * it where it lies straight into their own buffers, which the plan fills as
+ * usual. Allgathers then take the direct algorithm (every peer reads every
+ * block from its owner: select.c, cost_allgather), not one that forwards
+ * what it received out of plain memory; broadcasts go flat (every receiver
+ * reads the root's buffer: select.c, bcast_pulled).
  * The buffer serves one live request at a time; another call meanwhile
  * runs on its own buffers, as does every call when a region can not be
  * made. Staged or not is each rank's own choice: it changes where the data
- * lies, not the schedule. With ranks on cores of their own only allgather
- * blocks of at least STAGE_ALONE_BLOCK_MIN bytes and broadcasts of at least
- * STAGE_ALONE_MIN are staged (STAGE_SEND).
+ * lies, not the schedule.
  *
  * Tried and left: an allgather in place in the buffer, copied out whole
  * (slower than sending from it); a broadcast staged at every rank (slower
- * than unstaged). With ranks on cores of their own, no allreduce is staged
- * and only a broadcast past the caches: the copy in rewrites lines the peer
- * then pulls from the other core, where CMA reads a send buffer still in
- * the caches (see STAGE_ALONE_MIN). An allgather's copies in run on both
- * sides at once: see STAGE_ALONE_BLOCK_MIN.
+ * than unstaged); an allreduce run in place in the buffer, and staging with
+ * ranks on cores of their own (an allgather's blocks from 128 KiB, a
+ * broadcast from 8 MiB): measured on one core, on cores of their own and at
+ * four ranks a core, each lost wherever it applied (docs/performance.md).
  */
-typedef enum { STAGE_NONE, STAGE_ALL, STAGE_SEND } stage_mode;
-
-/* Allreduces past this are not staged: the copies in and out grow with the
- * message, the reduction's own traffic does not shrink with it. */
-#define STAGE_ALLREDUCE_MAX ((size_t)16 << 20)
-
-/* With ranks on cores of their own, a broadcast root's data is staged from
- * this size: past the caches, a copy in and a copy out of the mapping beat
- * the peer's CMA copy, which pins every page; below it the kernel's copy
- * out of a send buffer still in the caches wins. */
-#define STAGE_ALONE_MIN ((size_t)8 << 20)
-
-/* An allgather's own block, from this size (past the bounce slots): each
- * rank copies its block in while the peer does the same, so the copy in
- * costs no waiting, and a copy out of the mapping is cheaper than the
- * kernel's (no page pinned, no system call, glibc's vector copy in
- * blocks). Blocks the transport bounces either way lose by it. */
-#define STAGE_ALONE_BLOCK_MIN ((size_t)128 << 10)
-
 size_t coll_call_chunk(const chorus_comm_t *c, int coll, size_t block) {
   if (coll == COLL_BCAST)
     return c->bcast_chunk_bytes;
@@ -799,30 +771,22 @@ size_t coll_call_chunk(const chorus_comm_t *c, int coll, size_t block) {
   return grown > c->allgather_chunk_bytes ? grown : c->allgather_chunk_bytes;
 }
 
-/* How k runs staged, and the buffer it takes (*need bytes, allocated). */
-static stage_mode stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro,
-                             size_t *need) {
-  if (k->multi || !k->count || c->stage_busy || !c->stage_shm || !c->set.shm_stage)
-    return STAGE_NONE;
+/* Whether k runs staged, and the buffer it takes (*need bytes, allocated). */
+static bool stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro,
+                       size_t *need) {
+  if (k->multi || !k->count || c->stage_busy || !c->stage_shm || !c->stage_shared ||
+      !c->set.shm_stage)
+    return false;
+  if (k->coll != COLL_ALLGATHER && !(k->coll == COLL_BCAST && c->rank == k->root))
+    return false;
   const size_t bytes = ro->recv_bytes, bounce = comm_shm_bounce(c), max = c->set.shm_stage;
-  const bool shared = c->stage_shared;
-  stage_mode mode = STAGE_NONE;
-  *need = bytes;
-  if (k->coll == COLL_ALLREDUCE) {
-    if (shared && bytes <= STAGE_ALLREDUCE_MAX)
-      mode = STAGE_ALL;
-  } else if (k->coll == COLL_ALLGATHER || (k->coll == COLL_BCAST && c->rank == k->root)) {
-    /* what is sent from the buffer: the own block, or the root's data */
-    if (k->coll == COLL_ALLGATHER)
-      *need = ro->send_bytes;
-    if (shared || *need >= (k->coll == COLL_ALLGATHER ? STAGE_ALONE_BLOCK_MIN : STAGE_ALONE_MIN))
-      mode = STAGE_SEND;
-  }
+  /* what is sent from the buffer: the own block, or the root's data */
+  *need = k->coll == COLL_ALLGATHER ? ro->send_bytes : bytes;
   memreg_info_t mi;
-  if (!mode || *need > max || (bounce != PROV_BOUNCE_NONE && bytes <= bounce) ||
+  if (*need > max || (bounce != PROV_BOUNCE_NONE && bytes <= bounce) ||
       memreg_lookup(k->recvbuf, bytes, &mi) ||
       (ro->send_used && memreg_lookup(k->sendbuf, ro->send_bytes, &mi)))
-    return STAGE_NONE;
+    return false;
   if (c->stage_bytes < *need) {
     size_t want = (size_t)1 << 20;
     while (want < *need)
@@ -831,37 +795,29 @@ static stage_mode stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_
       want = *need;
     void *p;
     if (memreg_alloc(&p, want))
-      return STAGE_NONE;
+      return false;
     if (c->stage)
       memreg_free(c->stage);
     c->stage = p;
     c->stage_bytes = want;
   }
-  return mode;
+  return true;
 }
 
 /* Runs r staged: this rank's data in (and an allgather's own block into
- * recvbuf as well, where its plan was built own_placed), the buffers
- * switched. */
-static void stage_begin(chorus_comm_t *c, const coll_call_t *k, stage_mode mode, size_t need,
-                        bool own_placed, chorus_request_t *r) {
+ * recvbuf as well, where its plan was built own_placed), sent from the
+ * buffer; the plan fills recvbuf. */
+static void stage_begin(chorus_comm_t *c, const coll_call_t *k, size_t need, bool own_placed,
+                        chorus_request_t *r) {
   unsigned char *st = c->stage;
   r->staged = true;
   c->stage_busy = true;
-  if (mode == STAGE_SEND) { /* sent from the buffer; the plan fills recvbuf */
-    if (own_placed)
-      memcopy_twice(st, (unsigned char *)k->recvbuf + (size_t)c->rank * need, k->sendbuf, need);
-    else
-      memcopy(st, k->sendbuf, need);
-    r->sendbuf = st;
-    r->recvbuf = k->recvbuf;
-    return;
-  }
-  /* in place in the buffer, the result copied out at completion */
-  r->stage_out = k->recvbuf;
-  r->stage_len = need;
-  r->sendbuf = r->recvbuf = st;
-  memcopy(st, k->sendbuf, need);
+  if (own_placed)
+    memcopy_twice(st, (unsigned char *)k->recvbuf + (size_t)c->rank * need, k->sendbuf, need);
+  else
+    memcopy(st, k->sendbuf, need);
+  r->sendbuf = st;
+  r->recvbuf = k->recvbuf;
 }
 
 /* Whether k's sends bounce whatever their memory (PROV_OP_BOUNCE): a call
@@ -893,9 +849,9 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
   if (ret)
     return ret;
   size_t stage_need = 0;
-  const stage_mode staged = multi ? STAGE_NONE : stage_plan(c, k, &ro, &stage_need);
+  const bool staged = !multi && stage_plan(c, k, &ro, &stage_need);
   if (staged)
-    inplace = staged == STAGE_ALL;
+    inplace = false;
   const size_t chunk = coll_call_chunk(c, k->coll, count * chorus_dtype_size(k->dtype));
   sh.a = (algo_args_t){.coll = k->coll,
                        .rank = c->rank,
@@ -906,7 +862,7 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
                        .op = coll_reduces(k->coll) ? k->op : CHORUS_SUM,
                        .inplace = multi || inplace,
                        /* staging copies the own block into place too */
-                       .own_placed = staged == STAGE_SEND && k->coll == COLL_ALLGATHER,
+                       .own_placed = staged && k->coll == COLL_ALLGATHER,
                        .chunk_bytes = chunk,
                        .topo = c->topo};
   const algo_desc_t *d = sel_memo_find(c, &sh.a);
@@ -975,7 +931,7 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
     goto out_nomem;
   /* nothing can fail from here: the sequence numbers are taken */
   if (staged && sh.d)
-    stage_begin(c, k, staged, stage_need, sh.a.own_placed, r);
+    stage_begin(c, k, stage_need, sh.a.own_placed, r);
   r->count = count;
   r->bounce = bounce_call(c, k, &ro);
   if (coll_p2p(k->coll)) {

@@ -65,11 +65,9 @@ struct chorus_request {
   uint8_t coll;                  /* coll_kind, for messages */
   int32_t peer;                  /* send/recv: the peer (the watchdog's wait-for graph) */
   bool submitted;                /* handed to the progress thread (false while queued in a group) */
-  bool grouped;     /* a blocking call queued in a group: chorus_group_end releases it */
-  bool staged;      /* runs in comm->stage (coll.c, "Staging"); released with the request */
-  bool bounce;      /* its sends bounce whatever the memory (coll.c, "Staging") */
-  void *stage_out;  /* staged: where the result goes when it completes, or NULL */
-  size_t stage_len; /* ... its bytes, from the start of comm->stage */
+  bool grouped; /* a blocking call queued in a group: chorus_group_end releases it */
+  bool staged;  /* sends from comm->stage (coll.c, "Staging"); released with the request */
+  bool bounce;  /* its sends bounce whatever the memory (coll.c, "Staging") */
   atomic_int done;
   chorus_result result;
   chorus_request_t *next_cmd;              /* command queue link */

@@ -34,7 +34,6 @@
 #include "eng.h"
 #include "fsm.h"
 #include "fault.h"
-#include "memcopy.h"
 #include "topo.h"
 #include "watch.h"
 
@@ -764,8 +763,6 @@ void request_complete_text(chorus_request_t *req, chorus_result rc, const char *
     comm_error(c, rc, "%s (%s, %llu elements) failed: %s", coll_kind_str(req->coll),
                chorus_dtype_name(req->plan->dtype), (unsigned long long)req->count,
                chorus_strerror(rc));
-  if (!rc && req->stage_out) /* the result, out of the staging buffer (coll.c) */
-    memcopy(req->stage_out, c->stage, req->stage_len);
   pthread_mutex_lock(&c->lock);
   req->result = rc;
   atomic_store_explicit(&req->done, 1, memory_order_release);

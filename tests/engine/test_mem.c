@@ -461,16 +461,15 @@ static bool moved_only(moved_t m, bool mapped) {
   return mapped ? m.cma == 0 && m.mapped > 0 : m.cma > 0 && m.mapped == 0;
 }
 
-/* Staging (coll.c): with ranks outnumbering the cores, an allreduce or an
- * allgather from plain memory past the bounce slots runs in the
- * communicator's mappable buffer, so peers read it in place and no byte
- * moves by CMA (an allgather's own block and a broadcast root's data are
- * sent from it; allgathers then go direct, broadcasts flat; allreduces
- * past 16 MiB are not staged); results exact, in place or not, with the
- * buffer growing,
- * with a second call live meanwhile (it runs on its own buffers), and the
- * result in the caller's buffer. Three ranks on CPU 0. arg: the expected
- * path, "staged" or "cma" (CHORUS_SHM_STAGE=0 or too small a limit). */
+/* Staging (coll.c): with ranks outnumbering the cores, an allgather's own
+ * block and a broadcast root's data from plain memory past the bounce slots
+ * are sent from the communicator's mappable buffer, so peers read them in
+ * place and no byte moves by CMA (allgathers then go direct, broadcasts
+ * flat); results exact, in place or not, with the buffer growing, with a
+ * second call live meanwhile (it runs on its own buffers, by CMA). An
+ * allreduce is never staged: it goes by CMA. Three ranks on CPU 0. arg: the
+ * expected path, "staged" or "cma" (CHORUS_SHM_STAGE=0 or too small a
+ * limit). */
 static int check_allgather(const float *out, size_t blk, int size, int rank, int pass) {
   for (int r = 0; r < size; r++)
     for (size_t i = 0; i < blk; i++)
@@ -497,7 +496,8 @@ static int stage_rank(int rank, int size, const char *addr, void *arg) {
     return 1;
   }
   int bad = 0;
-  /* allreduce: 256 KiB, then 4 MiB (the buffer grows), in place or not */
+  /* allreduce: 256 KiB, then 4 MiB, in place or not: never staged */
+  prov_ofi_rndv_stats_t none = {0}, st0, st;
   static const size_t counts[] = {65536, 1u << 20};
   for (size_t k = 0; k < 2 && !bad; k++)
     for (int inplace = 0; inplace < 2 && !bad; inplace++) {
@@ -516,7 +516,19 @@ static int stage_rank(int rank, int size, const char *addr, void *arg) {
         free(out);
       free(in);
     }
-  /* allgather of 3 x 400 KB, in place (sendbuf = recvbuf + rank*blk) or
+  prov_ofi_rndv_stats_t ar;
+  if (!bad && prov_ofi_rndv_stats(c->prov, &ar) == 0) {
+    moved_t m = moved_since(&none, &ar);
+    if (!moved_only(m, false)) {
+      fprintf(stderr, "rank %d: allreduce: want CMA only: cma %llu mapped+borrowed %llu\n", rank,
+              m.cma, m.mapped);
+      bad = 1;
+    }
+  } else if (!bad) {
+    fprintf(stderr, "rank %d: not a prov_ofi\n", rank);
+    bad = 1;
+  }
+  /* allgather of 3 x 400 KB (the buffer grows), in place (sendbuf = recvbuf + rank*blk) or
    * not, twice over the same buffers */
   const size_t blk = 100000;
   float *ag = malloc((size_t)size * blk * sizeof(float)), *mine = malloc(blk * sizeof(float));
@@ -594,10 +606,9 @@ static int stage_rank(int rank, int size, const char *addr, void *arg) {
   }
   free(b8);
 
-  /* which path the data took */
-  prov_ofi_rndv_stats_t none = {0}, st0, st;
+  /* which path the allgathers' and broadcasts' data took */
   if (!bad && prov_ofi_rndv_stats(c->prov, &st0) == 0) {
-    moved_t m = moved_since(&none, &st0);
+    moved_t m = moved_since(&ar, &st0);
     if (!moved_only(m, staged)) {
       fprintf(stderr, "rank %d: want %s: cma %llu mapped+borrowed %llu\n", rank, (const char *)arg,
               m.cma, m.mapped);
@@ -608,27 +619,28 @@ static int stage_rank(int rank, int size, const char *addr, void *arg) {
     bad = 1;
   }
 
-  /* two nonblocking allreduces live at once: the second runs on its own
+  /* two nonblocking allgathers live at once: the second runs on its own
    * buffers (by CMA); both land where the caller asked */
-  const size_t n = 200000;
-  float *a_in = malloc(n * sizeof(float)), *a_out = malloc(n * sizeof(float));
-  float *b_in = malloc(n * sizeof(float)), *b_out = malloc(n * sizeof(float));
-  chk_fill(a_in, n, CHORUS_FLOAT32, CHORUS_SUM, rank);
-  chk_fill(b_in, n, CHORUS_FLOAT32, CHORUS_MAX, rank);
+  float *a_in = malloc(blk * sizeof(float)), *a_out = malloc((size_t)size * blk * sizeof(float));
+  float *b_in = malloc(blk * sizeof(float)), *b_out = malloc((size_t)size * blk * sizeof(float));
+  for (size_t i = 0; i < blk; i++) {
+    a_in[i] = (float)(rank * 100000 + (int)(i % 50000) + 10);
+    b_in[i] = (float)(rank * 100000 + (int)(i % 50000) + 11);
+  }
   chorus_request_t *ra = NULL, *rb = NULL;
-  if (!bad && (chorus_iallreduce(c, a_in, a_out, n, CHORUS_FLOAT32, CHORUS_SUM, &ra) ||
-               chorus_iallreduce(c, b_in, b_out, n, CHORUS_FLOAT32, CHORUS_MAX, &rb) ||
-               chorus_wait(&rb) || chorus_wait(&ra))) {
-    fprintf(stderr, "rank %d: iallreduce: %s\n", rank, chorus_comm_last_error(c));
+  if (!bad && (chorus_iallgather(c, a_in, a_out, blk, CHORUS_FLOAT32, &ra) ||
+               chorus_iallgather(c, b_in, b_out, blk, CHORUS_FLOAT32, &rb) || chorus_wait(&rb) ||
+               chorus_wait(&ra))) {
+    fprintf(stderr, "rank %d: iallgather: %s\n", rank, chorus_comm_last_error(c));
     bad = 1;
   }
-  if (!bad && (chk_verify(a_out, n, CHORUS_FLOAT32, CHORUS_SUM, size, rank, "first") ||
-               chk_verify(b_out, n, CHORUS_FLOAT32, CHORUS_MAX, size, rank, "second")))
-    bad = 1;
+  if (!bad)
+    bad =
+        check_allgather(a_out, blk, size, rank, 10) || check_allgather(b_out, blk, size, rank, 11);
   free(a_in), free(a_out), free(b_in), free(b_out), free(ag), free(mine);
 
   if (!bad && staged && prov_ofi_rndv_stats(c->prov, &st) == 0 &&
-      (st.cma_bytes == 0 ||
+      (st.cma_bytes == st0.cma_bytes ||
        st.mapped_bytes + st.borrowed_bytes == st0.mapped_bytes + st0.borrowed_bytes)) {
     fprintf(stderr,
             "rank %d: want one staged call and one by CMA: cma %llu, mapped+borrowed %llu\n", rank,
@@ -637,7 +649,7 @@ static int stage_rank(int rank, int size, const char *addr, void *arg) {
     bad = 1;
   }
 
-  /* an allreduce past STAGE_ALLREDUCE_MAX (16 MiB) is not staged */
+  /* nor is a larger allreduce */
   const size_t huge = 5u << 20; /* 20 MiB */
   float *h = malloc(huge * sizeof(float));
   chk_fill(h, huge, CHORUS_FLOAT32, CHORUS_SUM, rank);
@@ -684,12 +696,12 @@ Test(mem, staging_off_or_past_its_limit_goes_by_cma) {
 /* what alone_step calls */
 enum { ALONE_ALLGATHER, ALONE_ALLGATHER_IN_PLACE, ALONE_BCAST };
 
-/* With ranks on cores of their own (two ranks, two CPUs), only an allgather
- * block of at least 128 KiB or a broadcast root's data of at least 8 MiB is
- * staged; less goes by CMA, as does everything with CHORUS_SHM_STAGE=0. On
- * a one-CPU machine the ranks share it and every size is staged. A staged
- * allgather's own block is put into the receive buffer as it is staged
- * (in place: left where it is). arg: "alone" or "off". */
+/* With ranks on cores of their own (two ranks, two CPUs), nothing is
+ * staged: every allgather block and broadcast past the bounce slots goes by
+ * CMA, as it does with CHORUS_SHM_STAGE=0. On a one-CPU machine the ranks
+ * share it and every such call is staged; a staged allgather's own block is
+ * put into the receive buffer as it is staged (in place: left where it is).
+ * arg: "alone" or "off". */
 static int alone_step(chorus_comm_t *c, int rank, int size, int kind, size_t n, bool want_mapped,
                       const char *what) {
   const bool bcast = kind == ALONE_BCAST, inplace = kind == ALONE_ALLGATHER_IN_PLACE;
@@ -742,22 +754,22 @@ static int alone_rank(int rank, int size, const char *addr, void *arg) {
     return 1;
   }
   const size_t mib = 1u << 18; /* floats */
-  int bad = alone_step(c, rank, size, ALONE_ALLGATHER, 8 * mib, on, "allgather 2 x 8 MiB");
-  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, mib, on, "allgather 2 x 1 MiB");
-  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, mib / 8, on, "allgather 2 x 128 KiB");
-  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER_IN_PLACE, mib, on,
+  const bool st = on && shared;
+  int bad = alone_step(c, rank, size, ALONE_ALLGATHER, 8 * mib, st, "allgather 2 x 8 MiB");
+  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, mib, st, "allgather 2 x 1 MiB");
+  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, mib / 8, st, "allgather 2 x 128 KiB");
+  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER_IN_PLACE, mib, st,
                           "allgather 2 x 1 MiB in place");
-  /* past the bounce slots (64 KiB), below the staged blocks */
-  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, 3 * mib / 32, on && shared,
-                          "allgather 2 x 96 KiB");
-  bad = bad || alone_step(c, rank, size, ALONE_BCAST, 8 * mib, on, "bcast 8 MiB");
-  bad = bad || alone_step(c, rank, size, ALONE_BCAST, 4 * mib, on && shared, "bcast 4 MiB");
+  /* past the bounce slots (64 KiB) */
+  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, 3 * mib / 32, st, "allgather 2 x 96 KiB");
+  bad = bad || alone_step(c, rank, size, ALONE_BCAST, 8 * mib, st, "bcast 8 MiB");
+  bad = bad || alone_step(c, rank, size, ALONE_BCAST, 4 * mib, st, "bcast 4 MiB");
   if (chorus_comm_destroy(c))
     bad = 1;
   return bad;
 }
 
-Test(mem, ranks_on_cores_of_their_own_stage_allgather_blocks_and_large_broadcasts) {
+Test(mem, ranks_on_cores_of_their_own_send_plain_memory_by_cma) {
   const char *envs[] = {"CHORUS_PROVIDER=shm", NULL};
   mp_result_t r = mp_run(2, alone_rank, "alone", 120, envs);
   cr_assert_eq(r.timed_out, 0);
