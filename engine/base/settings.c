@@ -134,23 +134,18 @@ static const struct setting settings_table[] = {
      "since a message read in place holds its sender until the receiver is scheduled.",
      FIELD(shm_bounce), 0, 262144},
     {"CHORUS_SHM_STAGE", SET_SIZE, "64M",
-     "shm: size of the communicator's mappable staging buffer, through which calls from "
-     "ordinary memory past CHORUS_SHM_BOUNCE are sent so that peers read them in place instead "
-     "of by CMA; 0 = never\n"
-     "When a host's ranks outnumber its cores: an allreduce of up to 16M runs in place in the "
-     "buffer (the data copied in at the call, the result out at completion; larger ones lose "
-     "by it); an allgather's own block and a broadcast root's data are copied in and sent from "
-     "there, and allgathers then take the direct algorithm (every peer reads every block from "
-     "its owner), broadcasts the flat one (every receiver reads the root's buffer). With ranks "
-     "on cores of their own only an allgather block of at least 128K or a broadcast root's data "
-     "of at least 8M is staged: both ranks of an allgather copy their blocks in at the same "
-     "time, so the copy in costs no waiting, and the copy out of the mapping is cheaper than "
-     "the kernel's; a broadcast's receiver waits for the root's copy in, and below 8M the "
-     "kernel's copy out of a send buffer still in the caches wins. Blocks the transport "
-     "bounces anyway are not staged. One call at a time uses the buffer (another meanwhile uses "
-     "its own buffers); it is made at the first call that needs it (a power of two, at least "
-     "1M, at most this) and lives as long as the communicator. See engine/comm/coll.c, "
-     "\"Staging\".",
+     "shm: size of the communicator's mappable staging buffer, from which an allgather's own "
+     "block or a broadcast root's data in ordinary memory past CHORUS_SHM_BOUNCE is sent when "
+     "ranks outnumber the cores, so that peers read it in place instead of by CMA; 0 = never\n"
+     "When a host's ranks outnumber its cores, an allgather's own block and a broadcast root's "
+     "data are copied in and sent from there, and allgathers then take the direct algorithm "
+     "(every peer reads every block from its owner), broadcasts the flat one (every receiver "
+     "reads the root's buffer). Allreduces are not staged, nor is anything when ranks have "
+     "cores of their own: both lost wherever measured. Blocks the transport bounces anyway are "
+     "not staged. One call at a time uses the buffer (another meanwhile uses its own buffers); "
+     "it is made at the first call that needs it (a power of two, at least 1M, at most this) "
+     "and lives as long as the communicator. See engine/comm/coll.c, \"Staging\", and "
+     "docs/performance.md.",
      FIELD(shm_stage), 0, 1099511627776.0},
     {"CHORUS_MAX_POSTED", SET_COUNT, "256",
      "sends and receives a rank keeps posted at once (less one per peer, capped by the "
