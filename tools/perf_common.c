@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -377,6 +378,10 @@ static void usage(const struct perf_tool *tool, FILE *f) {
         f);
   if (tool->mem_help)
     fputs(tool->mem_help, f);
+  fputs("      --idle SECONDS     after the sweep, sit idle this long (every thread of the\n"
+        "                         process left to itself) and report the CPU time the\n"
+        "                         busiest rank used meanwhile, user and system\n",
+        f);
   fputs("  -h, --help             this help\n"
         "\n"
         "Sizes, as in nccl-tests, are the whole buffer of the operation: the message of\n"
@@ -483,7 +488,7 @@ static bool parse_colls(const struct perf_tool *tool, const char *list, struct p
 
 bool perf_parse_args(const struct perf_tool *tool, int argc, char **argv, struct perf_options *opt,
                      int *exit_code) {
-  enum { OPT_CHECK = 256, OPT_JSON, OPT_INPLACE, OPT_OUTPLACE, OPT_ALGO, OPT_MEM };
+  enum { OPT_CHECK = 256, OPT_JSON, OPT_INPLACE, OPT_OUTPLACE, OPT_ALGO, OPT_MEM, OPT_IDLE };
   static const struct option longopts[] = {{"collective", required_argument, NULL, 'c'},
                                            {"minbytes", required_argument, NULL, 'b'},
                                            {"maxbytes", required_argument, NULL, 'e'},
@@ -499,6 +504,7 @@ bool perf_parse_args(const struct perf_tool *tool, int argc, char **argv, struct
                                            {"inplace", no_argument, NULL, OPT_INPLACE},
                                            {"outplace", no_argument, NULL, OPT_OUTPLACE},
                                            {"mem", required_argument, NULL, OPT_MEM},
+                                           {"idle", required_argument, NULL, OPT_IDLE},
                                            {"help", no_argument, NULL, 'h'},
                                            {NULL, 0, NULL, 0}};
   const char *coll = "allreduce", *dtype = "float32", *op = "sum";
@@ -569,6 +575,14 @@ bool perf_parse_args(const struct perf_tool *tool, int argc, char **argv, struct
       else
         return usage_error(tool, "bad memory for --mem: '%s' (plain or lib)", optarg);
       break;
+    case OPT_IDLE: {
+      char *end;
+      opt->idle_s = strtod(optarg, &end);
+      if (end == optarg || *end || !(opt->idle_s > 0 && opt->idle_s <= 3600))
+        return usage_error(tool, "bad time for --idle: '%s' (seconds, above 0, at most 3600)",
+                           optarg);
+      break;
+    }
     case 'h':
       if (!perf_env_says_not_rank0())
         usage(tool, stdout);
@@ -1040,6 +1054,40 @@ static int64_t run_coll(struct perf_runner *run) {
   return wrong_total;
 }
 
+static double cpu_s(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru))
+    return 0;
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+/* --idle: every rank sleeps idle_s with nothing in flight; the CPU time its
+ * process used meanwhile (all threads: a progress thread's polling shows
+ * here), the busiest rank's, as a line or a JSON object. */
+static void report_idle(const struct perf_table *t, double idle_s) {
+  const struct perf_backend *be = t->be;
+  double before = cpu_s(), start = perf_now_s();
+  struct timespec ts = {(time_t)idle_s, (long)((idle_s - (double)(time_t)idle_s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0)
+    ;
+  double used = cpu_s() - before, wall = perf_now_s() - start;
+  if (be->max_double(be->ctx, &used))
+    return;
+  if (be->rank != 0)
+    return;
+  if (t->opt->json) {
+    printf("{\"idle_s\":%.3f,\"cpu_s\":%.6f,\"cpu_pct\":%.4f,\"nranks\":%d,\"provider\":", wall,
+           used, 100.0 * used / wall, be->nranks);
+    json_string(be->provider);
+    printf("}\n");
+  } else {
+    printf("# idle %.1f s: the busiest rank used %.4f s of CPU (%.3f%%)\n", wall, used,
+           100.0 * used / wall);
+  }
+  fflush(stdout);
+}
+
 int perf_run(const struct perf_tool *tool, const struct perf_backend *be,
              const struct perf_options *opt, void *sendbuf, void *recvbuf) {
   struct perf_runner run = {
@@ -1081,6 +1129,8 @@ int perf_run(const struct perf_tool *tool, const struct perf_backend *be,
     wrong += run_coll(&run);
   }
   free(run.expect);
+  if (opt->idle_s > 0)
+    report_idle(&run.t, opt->idle_s);
   return wrong ? 1 : 0;
 }
 

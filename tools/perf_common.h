@@ -117,6 +117,7 @@ struct perf_options {
   const char *algo; /* --algo as given, or NULL */
   enum perf_mem mem;
   bool check, json, inplace;
+  double idle_s; /* --idle: after the sweep, idle this long and report the CPU used (0: no) */
 };
 
 /* One result line: bytes and count as run, time of the slowest rank. */

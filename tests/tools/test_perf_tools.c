@@ -559,6 +559,8 @@ Test(perf_tools, usage_errors) {
       {"-c", "all", "--algo", "tree"},
       {"-c", "sendrecv", "--algo", "ring"},
       {"-c", "bcast", "--mem", "shared"},
+      {"--idle", "0"},
+      {"--idle", "ten"},
   };
   for (size_t i = 0; i < sizeof(chorus_bad) / sizeof(chorus_bad[0]); i++) {
     char *argv[8] = {TOOLS "chorus-perf"};
@@ -577,4 +579,40 @@ Test(perf_tools, usage_errors) {
     cr_assert(strstr(o.err, "not available"), "%s", o.err);
     output_free(&o);
   }
+}
+
+/* --idle: a communicator left idle past its spin windows costs next to no
+ * CPU (no busy-waiting while idle); a thread that polled would use the
+ * whole second. */
+Test(perf_tools, idle_communicators_use_next_to_no_cpu) {
+  char *argv[] = {TOOLS "chorus-run",
+                  "-n",
+                  "2",
+                  "--no-tag",
+                  "--timeout",
+                  "35",
+                  "--",
+                  TOOLS "chorus-perf",
+                  "-c",
+                  "allreduce",
+                  "-b",
+                  "8",
+                  "-e",
+                  "8",
+                  "-n",
+                  "100",
+                  "--json",
+                  "--idle",
+                  "2",
+                  NULL};
+  struct output o = run_cmd(argv);
+  cr_assert_eq(o.status, 0, "exit %d; stderr:\n%s", o.status, o.err);
+  const char *line = strstr(o.out, "{\"idle_s\":");
+  cr_assert(line, "no idle report in:\n%s", o.out);
+  double idle = 0, pct = -1;
+  cr_assert_eq(sscanf(line, "{\"idle_s\":%lf,\"cpu_s\":%*f,\"cpu_pct\":%lf", &idle, &pct), 2, "%s",
+               line);
+  cr_assert(idle >= 2.0, "idle %.3f s", idle);
+  cr_assert(pct >= 0 && pct < 10, "an idle rank used %.2f%% of a core: %s", pct, line);
+  output_free(&o);
 }
