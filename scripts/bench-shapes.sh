@@ -93,26 +93,16 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 
-python3 - "$out" "$shapes" "$alt_name" <<'EOF'
-import collections, glob, json, os, re, sys
+PYTHONPATH="$PWD/scripts" python3 - "$out" "$shapes" "$alt_name" <<'EOF'
+import collections, glob, os, re, sys
+from benchlib import median as med, records, size
 
 out, shapes, alt = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 t = collections.defaultdict(list)  # (shape, variant, coll, bytes) -> times
 for f in glob.glob(os.path.join(out, "*.jsonl")):
     m = re.fullmatch(r"(\w+)-(default|alt)-\d+\.jsonl", os.path.basename(f))
-    for line in open(f):
-        line = re.sub(r"^\[\d+\] ", "", line.strip())
-        if line.startswith("{"):
-            r = json.loads(line)
-            t[(m.group(1), m.group(2), r["collective"], r["bytes"])].append(r["time_us"])
-def med(v):
-    v = sorted(v)
-    return v[(len(v) - 1) // 2]
-def size(b):
-    for u, s in ((1 << 20, "MiB"), (1 << 10, "KiB")):
-        if b >= u and b % u == 0:
-            return f"{b // u} {s}"
-    return f"{b} B"
+    for r in records(f):
+        t[(m.group(1), m.group(2), r["collective"], r["bytes"])].append(r["time_us"])
 names = {"1core": "1 core", "cores": "2 ranks, own cores", "crowded": "4 ranks a core"}
 print(f"| shape | collective | size | default | {alt} | ratio |")
 print("|---|---|---|---|---|---|")

@@ -181,8 +181,9 @@ if [ $markdown = 1 ]; then
       echo "quick=$quick"
     } >"$out/machine.txt"
   fi
-  python3 - "$out" "$keep" <<'PYEOF' || failed=1
-import json, os, re, sys
+  PYTHONPATH="$repo/scripts" python3 - "$out" "$keep" <<'PYEOF' || failed=1
+import os, re, sys
+from benchlib import median_run, records as read_records, size
 
 out, keep = sys.argv[1], sys.argv[2]
 meta = {}
@@ -193,15 +194,6 @@ with open(os.path.join(out, "machine.txt")) as f:
 configs = [("2-shm", "2 ranks, shm"), ("8-shm", "8 ranks, shm"), ("2-sock", "2 ranks, TCP (`sock`)")]
 colls = ["allreduce", "bcast", "allgather", "reduce_scatter", "barrier"]
 NAMES = {"openmpi": "Open MPI", "mpich": "MPICH"}
-
-def median_run(recs):
-    return sorted(recs, key=lambda r: r["time_us"])[(len(recs) - 1) // 2] if recs else None
-
-def size(b):
-    for unit, sfx in ((1 << 20, "MiB"), (1 << 10, "KiB")):
-        if b >= unit and b % unit == 0:
-            return f"{b // unit} {sfx}"
-    return f"{b} B"
 
 def us(t):
     if t is None:
@@ -219,14 +211,10 @@ for cfg, _ in configs:
             if not m:
                 continue
             tool = "openmpi" if m.group(1) == "mpi" else m.group(1)
-            with open(os.path.join(out, name, fn)) as f:
-                for line in f:
-                    line = re.sub(r"^\[\d+\] ", "", line.strip())
-                    if line.startswith("{"):
-                        r = json.loads(line)
-                        (records.setdefault(cfg, {}).setdefault(tool, {})
-                         .setdefault(r.get("collective", "allreduce"), {})
-                         .setdefault(r["bytes"], []).append(r))
+            for r in read_records(os.path.join(out, name, fn)):
+                (records.setdefault(cfg, {}).setdefault(tool, {})
+                 .setdefault(r.get("collective", "allreduce"), {})
+                 .setdefault(r["bytes"], []).append(r))
 mpis = [t for t in ("openmpi", "mpich") if any(t in records.get(c, {}) for c, _ in configs)]
 peers = " and ".join(NAMES[t] for t in mpis) or "MPI"
 
@@ -440,8 +428,9 @@ for ((round = 1; round <= rounds; round++)); do
   fi
 done
 
-python3 - "$out" <<'EOF' || failed=1
-import json, os, re, statistics, sys
+PYTHONPATH="$repo/scripts" python3 - "$out" <<'EOF' || failed=1
+import os, re, statistics, sys
+from benchlib import median_run, records, size
 
 out = sys.argv[1]
 TOOLS = ("chorus", "openmpi", "mpich")
@@ -460,25 +449,13 @@ for name in sorted(os.listdir(out)):
     if os.path.exists(wall):
         with open(wall) as f:
             walls[tool].append(float(f.read()))
-    with open(os.path.join(out, name)) as f:
-        for line in f:
-            line = re.sub(r"^\[\d+\] ", "", line.strip())  # a launcher's rank tag
-            if not line.startswith("{"):
-                continue
-            rec = json.loads(line)
-            coll = rec.get("collective", "allreduce")  # lines of older tools
-            if coll not in colls:
-                colls.append(coll)
-            rows[tool].setdefault(coll, {}).setdefault(rec["bytes"], []).append(rec)
-            info.setdefault(tool, rec)
+    for rec in records(os.path.join(out, name)):
+        coll = rec.get("collective", "allreduce")  # lines of older tools
+        if coll not in colls:
+            colls.append(coll)
+        rows[tool].setdefault(coll, {}).setdefault(rec["bytes"], []).append(rec)
+        info.setdefault(tool, rec)
 mpis = [t for t in ("openmpi", "mpich") if rows[t]]
-
-def median_run(recs):
-    """The run of median time (the faster middle one for an even count), so
-    that its time and busbw are one observation and agree with each other."""
-    if not recs:
-        return None
-    return sorted(recs, key=lambda r: r["time_us"])[(len(recs) - 1) // 2]
 
 def get(rec, key):
     return rec.get(key) if rec else None
@@ -487,12 +464,6 @@ def fmt(v, spec):
     if v is None:
         return "-".rjust(int(spec.split(".")[0]))
     return format(v, spec)
-
-def size(b):
-    for unit, sfx in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if b >= unit and b % unit == 0:
-            return f"{b // unit} {sfx}"
-    return f"{b} B"
 
 for tool, rec in info.items():
     print(f"# {tool}: provider {rec['provider']}, {rec['nranks']} ranks")

@@ -4,6 +4,7 @@
  */
 #include "perf_common.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -1069,7 +1070,7 @@ static void report_idle(const struct perf_table *t, double idle_s) {
   const struct perf_backend *be = t->be;
   double before = cpu_s(), start = perf_now_s();
   struct timespec ts = {(time_t)idle_s, (long)((idle_s - (double)(time_t)idle_s) * 1e9)};
-  while (nanosleep(&ts, &ts) != 0)
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
     ;
   double used = cpu_s() - before, wall = perf_now_s() - start;
   if (be->max_double(be->ctx, &used))

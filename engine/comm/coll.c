@@ -779,7 +779,7 @@ static bool stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_role_t
     return false;
   if (k->coll != COLL_ALLGATHER && !(k->coll == COLL_BCAST && c->rank == k->root))
     return false;
-  const size_t bytes = ro->recv_bytes, bounce = comm_shm_bounce(c), max = c->set.shm_stage;
+  const size_t bytes = ro->recv_bytes, bounce = c->shm_bounce, max = c->set.shm_stage;
   /* what is sent from the buffer: the own block, or the root's data */
   *need = k->coll == COLL_ALLGATHER ? ro->send_bytes : bytes;
   memreg_info_t mi;
@@ -827,7 +827,7 @@ static void stage_begin(chorus_comm_t *c, const coll_call_t *k, size_t need, boo
  * Larger calls are read in place, staged or not (bouncing their small
  * messages too was slower). */
 static bool bounce_call(const chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro) {
-  const size_t bounce = comm_shm_bounce(c);
+  const size_t bounce = c->shm_bounce;
   const size_t bytes = ro->send_bytes > ro->recv_bytes ? ro->send_bytes : ro->recv_bytes;
   return !k->multi && c->stage_shared && bounce != PROV_BOUNCE_NONE && bytes <= bounce;
 }
@@ -1309,11 +1309,15 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
  * keeps both on one core, where one cache beats CMA's system calls.
  * Measurements: docs/performance.md and the commits that set these. */
 #define SHM_BOUNCE_SHARED (64u << 10)
-size_t comm_shm_bounce(const chorus_comm_t *c) {
+static size_t shm_bounce_for(const chorus_comm_t *c, int per_core) {
   size_t b = c->set.shm_bounce;
-  if (b > SHM_BOUNCE_SHARED && coll_ranks_per_core(c) > 1)
+  if (b > SHM_BOUNCE_SHARED && per_core > 1)
     b = SHM_BOUNCE_SHARED;
   return b ? b : PROV_BOUNCE_NONE;
+}
+
+size_t comm_shm_bounce(const chorus_comm_t *c) {
+  return shm_bounce_for(c, coll_ranks_per_core(c));
 }
 
 /* This rank's own CPU (comm.h: COMM_HOME_EVERY_NS): local rank i takes the
@@ -1357,11 +1361,11 @@ static int home_cpu(const chorus_comm_t *c) {
  * no block takes more than SEL_SOCK_AG_CHUNKS rendezvous (a block in one
  * message lost to two at 2 MiB). */
 #define SEL_SOCK_AG_CHUNKS 8
-static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
+static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s, int per_core) {
   const bool dflt = c->set.chunk_bytes == SEL_DEFAULT_CHUNK; /* else kept as set */
   const bool net = comm_intra_network(c);
   const bool sock = comm_all_sock(c);
-  int per_core = coll_ranks_per_core(c);
+  const size_t bounce = c->shm_bounce;
   /* ranks of one host that talk over tcp (say) pay its costs, not shm's:
    * at 2 ranks, a small allreduce by recursive doubling (one exchange of
    * the whole vector) then beats the ring (two of half of it) */
@@ -1369,12 +1373,10 @@ static void sel_fit_cores(chorus_comm_t *c, select_ctx_t *s) {
     select_over_network(s);
   } else {
     /* over shm a message past the bounce slots is copied by its receiver */
-    size_t bounce = comm_shm_bounce(c);
     s->pull_min = bounce == PROV_BOUNCE_NONE ? 1 : (double)bounce + 1;
   }
   select_share_cores(s, per_core);
   if (c->set.shm_stage && per_core > 1 && comm_shm_only(c)) {
-    size_t bounce = comm_shm_bounce(c);
     s->stage_min = bounce == PROV_BOUNCE_NONE ? 0 : (double)bounce;
     s->stage_block = (double)c->set.shm_stage;
   }
@@ -1401,8 +1403,10 @@ chorus_result coll_comm_init(chorus_comm_t *c) {
 
   if (select_init(&c->sel, c->set.algo, c->set.deterministic, err, sizeof(err)))
     return comm_error(c, CHORUS_ERR_ENV, "CHORUS_ALGO=\"%s\": %s", c->set.algo, err);
-  sel_fit_cores(c, &c->sel);
-  int per_core = coll_ranks_per_core(c);
+  /* the machine's shape, once: its system call stays off the calls' path */
+  const int per_core = c->per_core = coll_ranks_per_core(c);
+  c->shm_bounce = shm_bounce_for(c, per_core);
+  sel_fit_cores(c, &c->sel, per_core);
   c->yield_after_ns = per_core > 1 ? 0 : COMM_YIELD_AFTER_NS;
   c->start_drive_ns = per_core > START_DRIVE_RANKS_PER_CORE ? 0 : START_DRIVE_NS;
   c->stage_shm = comm_shm_only(c);
@@ -1457,7 +1461,7 @@ chorus_result eng_comm_set_algo(chorus_comm_t *c, const char *spec) {
     return eng_error(CHORUS_ERR_INVALID_COMM, "eng_comm_set_algo: not a live communicator");
   if (select_init(&s, spec, c->set.deterministic, err, sizeof(err)))
     return comm_error(c, CHORUS_ERR_ENV, "eng_comm_set_algo(\"%s\"): %s", spec ? spec : "", err);
-  sel_fit_cores(c, &s);
+  sel_fit_cores(c, &s, c->per_core); /* the shape coll_comm_init found */
   if (c->sel_ready)
     select_fini(&c->sel);
   c->sel = s;

@@ -190,6 +190,8 @@ struct chorus_comm {
   bool stage_busy;              /* a live request runs in it */
   bool stage_shm;               /* every peer on this host, over shm (coll.c, "Staging") */
   bool stage_shared;            /* ranks here outnumber the cores */
+  size_t shm_bounce;            /* comm_shm_bounce(), kept by coll_comm_init */
+  int per_core;                 /* coll_ranks_per_core(), kept by coll_comm_init */
   char last_algo[32];           /* chorus_comm_last_algorithm */
   const algo_desc_t *last_algo_d;
   uint16_t *p2p_seq; /* [2*size]: next send to peer p at 2p, next receive from p at 2p+1 */
@@ -244,7 +246,8 @@ bool comm_shm_only(const chorus_comm_t *c);
 /* Every rank talks to every other over the sock transport. */
 bool comm_all_sock(const chorus_comm_t *c);
 /* The largest message shm copies through a bounce slot for this
- * communicator (prov_config_t.shm_bounce; PROV_BOUNCE_NONE: none; coll.c). */
+ * communicator (prov_config_t.shm_bounce; PROV_BOUNCE_NONE: none; coll.c). A system
+ * call: calls read c->shm_bounce. */
 size_t comm_shm_bounce(const chorus_comm_t *c);
 chorus_result comm_pack_endpoint(chorus_comm_t *c, const char *host, uint8_t **out, size_t *outlen);
 chorus_result comm_add_peer_records(chorus_comm_t *c, void *const *recs, const size_t *lens,
