@@ -217,38 +217,58 @@ static void subs_collect(const chorus_comm_t *c, beat_subs_t *bs) {
  * any more, and the ranks, failing, leave their children at different
  * points (one destroys a child while another still waits in a call of it).
  * So every child fails with the head, on every member alike, its lost
- * ranks noted (chorus_comm_shrink of a child leaves them out). */
+ * ranks noted (chorus_comm_shrink of a child leaves them out). Every dump
+ * of the family is written before any of it fails: a failure wakes the
+ * caller, whose next step (a destroy's farewell) would be dumped as where
+ * the rank waits. */
 static int reason_of(int code);
+
+static void family_note(const chorus_comm_t *s, const char *text, char *t, size_t tlen) {
+  snprintf(t, tlen,
+           "%.1000s (the verdict on the communicator this one was split from; ranks as there)",
+           text);
+}
+
+/* Its ranks that the head's lost ranks are, in s's numbering. */
+static size_t family_lost(const chorus_comm_t *s, const uint32_t *lost, size_t nlost,
+                          uint32_t *sl) {
+  size_t n = 0;
+  for (size_t j = 0; sl && j < nlost; j++)
+    for (int r = 0; r < s->size; r++)
+      if (s->world_of[r] == lost[j] && r != s->rank)
+        sl[n++] = (uint32_t)r;
+  return n;
+}
 
 static void family_pass_on(const chorus_comm_t *c, int code, int culprit, const char *text,
                            const uint32_t *lost, size_t nlost) {
   if (!c->family || c->world_of)
     return;
+  char t[1200];
   pthread_mutex_lock(&g_fam_lock);
-  for (int i = 0; i < FAMILY_MAX; i++) {
+  for (int i = 0; i < FAMILY_MAX; i++) { /* first every dump (chorus-trace joins them) */
+    chorus_comm_t *s = g_fam[i];
+    if (!s || s->family != c->family || !s->set.trace_dir[0])
+      continue;
+    uint32_t *sl = calloc((size_t)s->size, sizeof(*sl));
+    size_t n = family_lost(s, lost, nlost, sl);
+    int sc = -1;
+    for (int r = 0; r < s->size && culprit >= 0; r++)
+      if (s->world_of[r] == (uint32_t)culprit)
+        sc = r;
+    family_note(s, text, t, sizeof(t));
+    dump_write(s, s->set.trace_dir, reason_of(code), sc, code, t, sl, n, NULL, 0);
+    free(sl);
+  }
+  for (int i = 0; i < FAMILY_MAX; i++) { /* then every failure */
     chorus_comm_t *s = g_fam[i];
     if (!s || s->family != c->family)
       continue;
     uint32_t *sl = calloc((size_t)s->size, sizeof(*sl));
-    size_t n = 0;
-    for (size_t j = 0; sl && j < nlost; j++)
-      for (int r = 0; r < s->size; r++)
-        if (s->world_of[r] == lost[j] && r != s->rank)
-          sl[n++] = (uint32_t)r;
-    char t[1200];
-    snprintf(t, sizeof(t),
-             "%.1000s (the verdict on the communicator this one was split from; ranks as there)",
-             text);
-    if (s->set.trace_dir[0]) { /* before it fails its calls: chorus-trace joins their waits to
-                                  the head's (dump.c) */
-      int sc = -1;
-      for (int r = 0; r < s->size && culprit >= 0; r++)
-        if (s->world_of[r] == (uint32_t)culprit)
-          sc = r;
-      dump_write(s, s->set.trace_dir, reason_of(code), sc, code, t, sl, n, NULL, 0);
-    }
+    size_t n = family_lost(s, lost, nlost, sl);
     if (n)
       comm_note_lost(s, sl, n);
+    family_note(s, text, t, sizeof(t));
     comm_fail(s, (chorus_result)code, t);
     free(sl);
   }
@@ -413,11 +433,12 @@ static void apply(watch_t *w, int code, int culprit, const char *text, const uin
       eng_log(ENG_WARN, c->rank, "trace", "dump into %s failed: %s", c->set.trace_dir,
               strerror(-rc));
   }
+  /* the children first: they dump before anything of the family fails */
+  family_pass_on(c, code, culprit, text, lost, nlost);
   if (nlost)
     comm_note_lost(c, lost, nlost);
   comm_fail(c, (chorus_result)code, text);
   atomic_store(&w->applied, true);
-  family_pass_on(c, code, culprit, text, lost, nlost);
 }
 
 /* The communicator failed here first (a mismatch this rank saw, an

@@ -370,6 +370,36 @@ __attribute__((unused)) static void scenario_split_deadlock(const char *dir) {
   }
 }
 
+/* 4 ranks split by parity (the split of ranks 0,2: sub_id 0x52); rank 2
+ * was killed before the split's #3, so quickly that the verdict reached the
+ * others before any of them began the world's #3: rank 0 waits in the
+ * split's #3 for it, the world's dumps show no rank in a collective. */
+__attribute__((unused)) static void scenario_killed_in_a_split(const char *dir) {
+  static const uint32_t evens[] = {0, 2};
+  for (int r = 0; r < 4; r++) {
+    char name[32];
+    if (r == 2)
+      continue;
+    tf_dump_t *d = tf_new(0, r, 4, L(r, 40), off_of(r));
+    tf_call(d, 2, TF_ALLREDUCE, TF_FLOAT32, 4096, TF_SUM, -1, L(r, 10), L(r, 12));
+    tf_where(d, 2, 2, false, L(r, 12));
+    tf_peer(d, 2, TF_LOST, 2, L(r, 15));
+    tf_verdict(d, TF_PEER_LOST, 2, "rank 2 is lost: its watchdog connection closed", L(r, 38));
+    snprintf(name, sizeof(name), "rank-%d", r);
+    write_dump(d, dir, name);
+  }
+  tf_dump_t *d = tf_new(0, 0, 2, L(0, 40), off_of(0));
+  tf_split(d, 0x52, evens, 2);
+  tf_call(d, 3, TF_ALLREDUCE, TF_FLOAT32, 4096, TF_SUM, -1, L(0, 13), 0);
+  tf_where(d, 3, 2, true, L(0, 39));
+  tf_step(d, 3, 0, TF_RECV, TF_POSTED, 1, 0, L(0, 14));
+  tf_verdict(d, TF_PEER_LOST, 1,
+             "rank 2 is lost (the verdict on the communicator this one was "
+             "split from; ranks as there)",
+             L(0, 38));
+  write_dump(d, dir, "rank-0-split");
+}
+
 /* 4 ranks: 0, 1 and 3 destroyed the communicator after #8; rank 2 called
  * #9 and waits in it for rank 0. */
 __attribute__((unused)) static void scenario_extra_call(const char *dir) {
@@ -814,6 +844,18 @@ Test(chorus_trace, deadlock_through_a_split_is_a_cycle_in_world_ranks) {
                     "4096, sum)): RECV chunk 0 from rank 2, POSTED for 2.2 s  [cycle]\n");
   cr_assert_null(strstr(r.out, "diverged"), "a rank blamed:\n%s", r.out);
   run_free(&r);
+  tdir_free(&t);
+}
+
+Test(chorus_trace, killed_rank_others_wait_on_only_in_a_split_is_lost) {
+  tdir_t t = tdir_new();
+  scenario_killed_in_a_split(t.dumps);
+  char *line = run_all_outputs(&t, 0, 2, false);
+  cr_assert_str_eq(line, "after collective #2, in splits: rank 0 waits; rank 0 in 'in the split of "
+                         "ranks 0,2 (its #3 allreduce(float32, 4096, sum)): RECV chunk 0 from rank "
+                         "2' for 26 ms; rank 2 left no dump and ranks 0,1,3 saw it lost: rank 2 "
+                         "lost");
+  free(line);
   tdir_free(&t);
 }
 

@@ -136,6 +136,32 @@ static void steps(out_t *o, const tr_diag_t *dg, int r, const tr_dump_t *d) {
             (unsigned long long)p->seq, (unsigned)p->index, tr_state_name((int)p->state),
             (unsigned long long)p->bytes, (double)(d->t_dump_ns - since) / 1e9);
   }
+  /* its waits inside splits of this communicator (their steps are the split's) */
+  for (size_t i = 0; i < dg->nedges; i++) {
+    const tr_edge_t *e = &dg->edges[i];
+    const tr_comm_t *v = e->via;
+    const tr_dump_t *sd = NULL;
+    for (int m = 0; v && v->world_of && m < v->size; m++)
+      if ((int)v->world_of[m] == r)
+        sd = v->ranks[m].d;
+    if (e->from != r || !sd)
+      continue;
+    const tr_step_t *p = e->step;
+    uint64_t since = p->since_ns && p->since_ns <= sd->t_dump_ns ? p->since_ns : sd->t_dump_ns;
+    tr_bclear(&s);
+    tr_edge_step_str(&s, e, size);
+    tr_bputs(&s, " [");
+    tr_step_state_str(&s, p);
+    tr_bputs(&s, "]");
+    ev(o);
+    fprintf(o->f,
+            "{\"ph\":\"X\",\"cat\":\"stuck\",\"name\":%s,\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+            "\"dur\":%.3f,\"cname\":\"terrible\",\"args\":{\"split_seq\":%llu,\"step\":%u,"
+            "\"state\":\"%s\",\"bytes\":%llu,\"waited_s\":%.3f}}",
+            js(o, tr_bstr(&s)), r, TID_STEPS, us(sd, since), (double)(sd->t_dump_ns - since) / 1e3,
+            (unsigned long long)p->seq, (unsigned)p->index, tr_state_name((int)p->state),
+            (unsigned long long)p->bytes, (double)(sd->t_dump_ns - since) / 1e9);
+  }
   size_t from = d->n_journal > JOURNAL_EVENTS ? d->n_journal - JOURNAL_EVENTS : 0;
   for (size_t i = from; i < d->n_journal; i++) {
     const Chorus__Trace__Transition *t = d->journal[i];

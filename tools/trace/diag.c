@@ -507,6 +507,16 @@ static int waiters_str(ctx_t *x, tr_buf_t *b, int culprit) {
 }
 
 static void head(ctx_t *x, tr_buf_t *b) {
+  if (!x->d->seq) { /* no rank in a collective of its own: they wait in splits */
+    uint64_t last = 0;
+    for (int r = 0; r < x->size; r++) {
+      const tr_ckpt_t *ck = x->ri[r].d ? tr_ckpt(x->ri[r].d) : NULL;
+      if (ck && ck->last_begun > last)
+        last = ck->last_begun;
+    }
+    tr_bprintf(b, "after collective #%llu, in splits: ", (unsigned long long)last);
+    return;
+  }
   tr_bprintf(b, "collective #%llu", (unsigned long long)x->d->seq);
   if (x->d->call) {
     tr_bputs(b, " ");
@@ -674,8 +684,8 @@ out:
 static int rule_lost(ctx_t *x, tr_buf_t *b) {
   int best = -1;
   bool any_wait = false;
-  for (int r = 0; r < x->size; r++)
-    any_wait |= x->ri[r].in_coll;
+  for (int r = 0; r < x->size; r++) /* out alone: waits in a split (none in the world yet) */
+    any_wait |= x->ri[r].in_coll || x->ri[r].out;
   if (!any_wait)
     return 0;
   for (int r = 0; r < x->size; r++) {
