@@ -5,6 +5,9 @@
 #   chorus-run -n N --provider shm -- chorus-perf --inplace --json  (libchorus alone)
 #   examples/torch/bench_allreduce.py --backend chorus                (dist.all_reduce)
 #   examples/torch/bench_allreduce.py --backend gloo
+#   examples/torch/bench_allreduce.py --backend chorus on 1 rank: torch's own
+#     cost per call (nothing is sent), and the best torch/chorus-perf ratio it
+#     leaves at each size
 # and then (unless --no-ddp) examples/torch/train_ddp.py over chorus and over
 # gloo (--params, --steps). Every figure is float32 SUM in place, as
 # chorus-perf measures (mean time per call of the slowest rank; busbw =
@@ -82,12 +85,12 @@ export PYTHONPATH="$build/torch/python${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS=1
 if [ -z "$out" ]; then out=$(mktemp -d "${TMPDIR:-/tmp}/bench-torch.XXXXXX"); else mkdir -p "$out"; fi
 
-# launch LOG SCRIPT ARGS...: RANKS ranks of a torch.distributed script, env://
-# on 127.0.0.1; rank 0's output goes to LOG; fails past 20 minutes.
+# launch LOG SCRIPT ARGS...: RANKS ranks (or $nr) of a torch.distributed
+# script, env:// on 127.0.0.1; rank 0's output goes to LOG; fails past 20 minutes.
 launch() {
   local log=$1
   shift
-  local port pids=() r rc=0
+  local port pids=() r rc=0 ranks=${nr:-$ranks}
   port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   for ((r = 0; r < ranks; r++)); do
     MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$ranks LOCAL_RANK=$r \
@@ -122,6 +125,10 @@ for ((i = 1; i <= rounds; i++)); do
       --sizes "$sizes" --json --warmup "$warmup" --iters "$iters" || exit 1
     cat "$out/ar-$backend-$i.log" >>"$out/torch.jsonl"
   done
+  # torch's own cost per call: one rank, where Chorus has nothing to send
+  nr=1 launch "$out/ar-floor-$i.log" examples/torch/bench_allreduce.py --backend chorus \
+    --sizes "$sizes" --json --warmup "$warmup" --iters "$iters" || exit 1
+  cat "$out/ar-floor-$i.log" >>"$out/floor.jsonl"
   if [ $ddp = 1 ]; then
     for backend in chorus gloo; do
       launch "$out/ddp-$backend-$i.log" examples/torch/train_ddp.py --backend "$backend" \
@@ -133,7 +140,7 @@ done
 "$py" - "$out" "$ranks" "$rounds" "$ddp" <<'EOF'
 import glob, json, re, statistics, sys
 out, ranks, rounds, ddp = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
-perf, torch_ = {}, {}
+perf, torch_, floor = {}, {}, {}
 for line in open(f"{out}/perf.jsonl"):
     line = line.split("] ", 1)[-1] if line.startswith("[") else line
     try:
@@ -147,6 +154,13 @@ for line in open(f"{out}/torch.jsonl"):
     except ValueError:
         continue
     torch_.setdefault((r["backend"], r["bytes"]), []).append(r)
+
+for line in open(f"{out}/floor.jsonl"):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    floor.setdefault(r["bytes"], []).append(r["time_us"])
 
 def med(rs):
     return statistics.median(r["busbw_gbs"] for r in rs), statistics.median(r["time_us"] for r in rs)
@@ -173,6 +187,17 @@ for b in sorted(perf):
                            for c, p in zip(torch_[("chorus", b)], perf[b]))
     print(f"{human(b):>6} {pb:>9.3f} ({pt:>8.1f}) {cb:>9.3f} ({ct:>8.1f}) {gb:>9.3f} ({gt:>8.1f}) "
           f"{cb / pb:>12.2f} {rr:>9.2f} {cb / gb:>12.2f}")
+if floor:
+    print()
+    print("torch's own cost per dist.all_reduce (1 rank over chorus: nothing sent), median of the"
+          " rounds,")
+    print("and the best chorus/perf it leaves: perf's time / (perf's time + that cost)")
+    for b in sorted(perf):
+        if b not in floor:
+            continue
+        f = statistics.median(floor[b])
+        pt = med(perf[b])[1]
+        print(f"{human(b):>6} {f:>8.2f} us   best chorus/perf {pt / (pt + f):.2f}")
 if ddp:
     steps, params = {}, None
     for f in sorted(glob.glob(f"{out}/ddp-*-*.log")):
