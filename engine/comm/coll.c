@@ -1302,16 +1302,18 @@ int coll_ranks_per_core(const chorus_comm_t *c) {
 /* Bouncing costs a second copy, and a rewrite of memory the receiver has
  * just read, to save CMA's page pinning: a gain for small messages, where
  * pinning dominates. The default stops at 64 KiB: larger slots won only
- * while the cores shared data cheaply and lost by far otherwise. When ranks
- * outnumber the cores, where two copies cost more than one, it never passes
- * 64 KiB. A lower limit is faster with two ranks on cores of their own (a
- * bounced line crosses between the cores twice) but slower when the kernel
- * keeps both on one core, where one cache beats CMA's system calls.
+ * while the cores shared data cheaply and lost by far otherwise. Past two
+ * ranks a core, where two copies cost more than one, it never passes
+ * 64 KiB; at two a core one cache holds both copies and larger slots pay.
+ * A lower limit is faster with two ranks on cores of their own (a bounced
+ * line crosses between the cores twice) but slower when the kernel keeps
+ * both on one core, where one cache beats CMA's system calls.
  * Measurements: docs/performance.md and the commits that set these. */
 #define SHM_BOUNCE_SHARED (64u << 10)
+#define SHM_BOUNCE_SHARED_PER_CORE 2
 static size_t shm_bounce_for(const chorus_comm_t *c, int per_core) {
   size_t b = c->set.shm_bounce;
-  if (b > SHM_BOUNCE_SHARED && per_core > 1)
+  if (b > SHM_BOUNCE_SHARED && per_core > SHM_BOUNCE_SHARED_PER_CORE)
     b = SHM_BOUNCE_SHARED;
   return b ? b : PROV_BOUNCE_NONE;
 }
