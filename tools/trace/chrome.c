@@ -97,6 +97,24 @@ static void calls(out_t *o, int r, const tr_dump_t *d) {
   tr_bfree(&c);
 }
 
+/* A pending step as a stuck span: s holds its label (its state is added),
+ * sd is the dump that holds it (a split's, for a wait inside a split). */
+static void stuck(out_t *o, int r, tr_buf_t *s, const tr_step_t *p, const tr_dump_t *sd,
+                  const char *seq_key) {
+  uint64_t since = p->since_ns && p->since_ns <= sd->t_dump_ns ? p->since_ns : sd->t_dump_ns;
+  tr_bputs(s, " [");
+  tr_step_state_str(s, p);
+  tr_bputs(s, "]");
+  ev(o);
+  fprintf(o->f,
+          "{\"ph\":\"X\",\"cat\":\"stuck\",\"name\":%s,\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+          "\"dur\":%.3f,\"cname\":\"terrible\",\"args\":{\"%s\":%llu,\"step\":%u,"
+          "\"state\":\"%s\",\"bytes\":%llu,\"waited_s\":%.3f}}",
+          js(o, tr_bstr(s)), r, TID_STEPS, us(sd, since), (double)(sd->t_dump_ns - since) / 1e3,
+          seq_key, (unsigned long long)p->seq, (unsigned)p->index, tr_state_name((int)p->state),
+          (unsigned long long)p->bytes, (double)(sd->t_dump_ns - since) / 1e9);
+}
+
 static void steps(out_t *o, const tr_diag_t *dg, int r, const tr_dump_t *d) {
   tr_buf_t s = {0};
   int size = dg->comm->size;
@@ -120,21 +138,9 @@ static void steps(out_t *o, const tr_diag_t *dg, int r, const tr_dump_t *d) {
   }
   const tr_ckpt_t *ck = tr_ckpt(d);
   for (size_t i = 0; ck && i < ck->n_pending; i++) {
-    const tr_step_t *p = ck->pending[i];
-    uint64_t since = p->since_ns && p->since_ns <= d->t_dump_ns ? p->since_ns : d->t_dump_ns;
     tr_bclear(&s);
-    tr_step_str(&s, p, size);
-    tr_bputs(&s, " [");
-    tr_step_state_str(&s, p);
-    tr_bputs(&s, "]");
-    ev(o);
-    fprintf(o->f,
-            "{\"ph\":\"X\",\"cat\":\"stuck\",\"name\":%s,\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
-            "\"dur\":%.3f,\"cname\":\"terrible\",\"args\":{\"seq\":%llu,\"step\":%u,"
-            "\"state\":\"%s\",\"bytes\":%llu,\"waited_s\":%.3f}}",
-            js(o, tr_bstr(&s)), r, TID_STEPS, us(d, since), (double)(d->t_dump_ns - since) / 1e3,
-            (unsigned long long)p->seq, (unsigned)p->index, tr_state_name((int)p->state),
-            (unsigned long long)p->bytes, (double)(d->t_dump_ns - since) / 1e9);
+    tr_step_str(&s, ck->pending[i], size);
+    stuck(o, r, &s, ck->pending[i], d, "seq");
   }
   /* its waits inside splits of this communicator (their steps are the split's) */
   for (size_t i = 0; i < dg->nedges; i++) {
@@ -146,21 +152,9 @@ static void steps(out_t *o, const tr_diag_t *dg, int r, const tr_dump_t *d) {
         sd = v->ranks[m].d;
     if (e->from != r || !sd)
       continue;
-    const tr_step_t *p = e->step;
-    uint64_t since = p->since_ns && p->since_ns <= sd->t_dump_ns ? p->since_ns : sd->t_dump_ns;
     tr_bclear(&s);
     tr_edge_step_str(&s, e, size);
-    tr_bputs(&s, " [");
-    tr_step_state_str(&s, p);
-    tr_bputs(&s, "]");
-    ev(o);
-    fprintf(o->f,
-            "{\"ph\":\"X\",\"cat\":\"stuck\",\"name\":%s,\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
-            "\"dur\":%.3f,\"cname\":\"terrible\",\"args\":{\"split_seq\":%llu,\"step\":%u,"
-            "\"state\":\"%s\",\"bytes\":%llu,\"waited_s\":%.3f}}",
-            js(o, tr_bstr(&s)), r, TID_STEPS, us(sd, since), (double)(sd->t_dump_ns - since) / 1e3,
-            (unsigned long long)p->seq, (unsigned)p->index, tr_state_name((int)p->state),
-            (unsigned long long)p->bytes, (double)(sd->t_dump_ns - since) / 1e9);
+    stuck(o, r, &s, e->step, sd, "split_seq");
   }
   size_t from = d->n_journal > JOURNAL_EVENTS ? d->n_journal - JOURNAL_EVENTS : 0;
   for (size_t i = from; i < d->n_journal; i++) {
