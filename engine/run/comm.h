@@ -331,14 +331,16 @@ chorus_result eng_comm_set_algo(chorus_comm_t *c, const char *spec);
  * that thread woken). */
 void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned max_rounds);
 /* A driver that has polled idle for COMM_YIELD_AFTER_NS starts yielding the
- * core (every 16 idle rounds), when the communicator's ranks on this host
- * do not outnumber its cores; with more, from the start. A yield is a
+ * core (every 16 idle rounds, COMM_YIELD_EVERY_MASK), when the
+ * communicator's ranks on this host do not outnumber its cores; with more,
+ * from the start and after every idle round. A yield is a
  * system call that a waiter on a core of its own only pays for: a message
  * over shm is answered within microseconds. Where a yield takes longer than
  * COMM_YIELD_LONG_NS, something else ran on the core (a peer the kernel put
  * there, as it does now and then at start), and for COMM_YIELD_CROWDED_NS
  * every wait yields at once again. */
 #define COMM_YIELD_AFTER_NS (5 * 1000)
+#define COMM_YIELD_EVERY_MASK 15u
 #define COMM_YIELD_LONG_NS (4 * 1000)
 #define COMM_YIELD_CROWDED_NS (10 * 1000 * 1000)
 /* Own cores (CHORUS_SPREAD_CORES). When a host's ranks fit its cores, local

@@ -384,6 +384,9 @@ static bool comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
                               unsigned max_rounds, bool start_only, uint64_t wall_ns) {
   idle_clock_t idle = {0};
   unsigned spins = 0, rounds = 0;
+  /* ranks that share a core get it back after every idle round: the peer
+   * this rank waits for may be the one waiting for the core */
+  const unsigned every = c->per_core > 1 ? 0 : COMM_YIELD_EVERY_MASK;
   uint64_t until = wall_ns ? fsm_now_ns() + wall_ns : UINT64_MAX;
 
   while (!atomic_load_explicit(flag, memory_order_acquire)) {
@@ -405,7 +408,7 @@ static bool comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
             break;
           continue;
         }
-        if ((++spins & 15) == 0) {
+        if ((++spins & every) == 0) {
           uint64_t now = fsm_now_ns();
           if (idle_clock_over(&idle, now, idle_ns) || now > until)
             break;
