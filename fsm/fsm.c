@@ -47,15 +47,20 @@ uint64_t fsm_now_ns(void) {
 static _Thread_local uint64_t fsm_held_ns;
 static _Thread_local bool fsm_held;
 
-uint64_t fsm_clock_hold(void) {
-  fsm_held_ns = fsm_now_ns();
+uint64_t fsm_coarse_ns(void) {
+  struct timespec ts;
+
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void fsm_clock_hold(void) {
+  fsm_held_ns = 0; /* read at the first stamp */
   fsm_held = true;
-  return fsm_held_ns;
 }
 
 void fsm_clock_refresh(void) {
-  if (fsm_held)
-    fsm_held_ns = fsm_now_ns();
+  fsm_held_ns = 0;
 }
 
 void fsm_clock_release(void) {
@@ -63,7 +68,11 @@ void fsm_clock_release(void) {
 }
 
 uint64_t fsm_stamp_ns(void) {
-  return fsm_held ? fsm_held_ns : fsm_now_ns();
+  if (!fsm_held)
+    return fsm_now_ns();
+  if (!fsm_held_ns)
+    fsm_held_ns = fsm_now_ns();
+  return fsm_held_ns;
 }
 
 void fsm_init(fsm_inst_t *inst, const fsm_machine_t *m, int initial, uint32_t actor_id,

@@ -162,14 +162,19 @@ typedef void (*fsm_error_fn)(const fsm_inst_t *inst, const fsm_event_t *ev);
 void fsm_set_error_handler(fsm_error_fn fn);
 
 uint64_t fsm_now_ns(void);
+/* CLOCK_MONOTONIC as of the kernel's last tick (a few ms behind
+ * fsm_now_ns at most, never ahead), for what needs milliseconds: a fraction
+ * of fsm_now_ns's cost. */
+uint64_t fsm_coarse_ns(void);
 
 /* A held clock for time stamps (the journal's, a step's `since`): between
  * fsm_clock_hold() and fsm_clock_release() on a thread, fsm_stamp_ns()
- * returns the time held (one clock read per round of progress instead of
- * one per transition: at 1 MiB allreduce they cost ~4% of busbw);
- * fsm_clock_refresh() reads the clock again after work that took time.
- * Elsewhere fsm_stamp_ns() reads the clock. */
-uint64_t fsm_clock_hold(void);
+ * returns the time held, read at its first use (at most one clock read per
+ * round of progress instead of one per transition, and none in a round
+ * that stamps nothing: most of a waiting caller's rounds);
+ * fsm_clock_refresh() makes the next stamp read the clock again, after work
+ * that took time. Elsewhere fsm_stamp_ns() reads the clock. */
+void fsm_clock_hold(void);
 void fsm_clock_refresh(void);
 void fsm_clock_release(void);
 uint64_t fsm_stamp_ns(void);

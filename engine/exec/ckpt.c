@@ -85,7 +85,7 @@ void ckpt_begin(ckpt_t *k, const ckpt_call_t *call) {
 }
 
 void ckpt_end(ckpt_t *k, uint64_t seq, int status) {
-  uint64_t now = fsm_now_ns();
+  uint64_t now = fsm_stamp_ns(); /* inside a progress round: its held clock */
   pthread_mutex_lock(&k->lock);
   ckpt_call_t *e = &k->recent[seq % CKPT_RECENT];
   if (e->seq == seq && !e->end_ns) {

@@ -579,7 +579,7 @@ bool exec_uncertain(const exec_t *ex) {
 }
 
 void exec_start(exec_ctx_t *ctx, exec_t *ex) {
-  uint64_t now = ctx->trace ? fsm_now_ns() : 0;
+  uint64_t now = ctx->trace ? fsm_stamp_ns() : 0;
   for (uint32_t i = 0; i < ex->plan->nsteps; i++) {
     exec_step_t *st = &ex->steps[i];
     st->since_ns = now;
