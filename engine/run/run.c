@@ -271,7 +271,7 @@ static size_t progress_round(chorus_comm_t *c, bool transport) {
     }
     atomic_store(&c->stall_until_ns, 0);
   }
-  fsm_clock_hold(); /* released by progress_once */
+  fsm_clock_hold();               /* released by progress_once */
   uint64_t now = fsm_coarse_ns(); /* for milliseconds: the trace's quiet time, parking */
   if (c->ex.trace)
     atomic_store_explicit(&c->ckpt.progress_ns, now, memory_order_relaxed);
