@@ -832,7 +832,8 @@ static bool bounce_call(const chorus_comm_t *c, const coll_call_t *k, const coll
   return !k->multi && c->stage_shared && bounce != PROV_BOUNCE_NONE && bytes <= bounce;
 }
 
-static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus_request_t **out) {
+static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus_request_t **out,
+                                  bool handle) {
   const bool multi = k->multi;
   coll_role_t ro = {0};
   coll_shape_t sh = {.nmulti = 0};
@@ -927,8 +928,9 @@ static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus
       r->xbufs[2 * i + 1] = k->recvbufs[i];
     }
   }
-  if (eng_handle_add(r, ENG_HANDLE_REQUEST))
+  if (handle && eng_handle_add(r, ENG_HANDLE_REQUEST))
     goto out_nomem;
+  r->handle = handle;
   /* nothing can fail from here: the sequence numbers are taken */
   if (staged && sh.d)
     stage_begin(c, k, stage_need, sh.a.own_placed, r);
@@ -1032,7 +1034,8 @@ static chorus_result coll_issue(chorus_comm_t *comm, const coll_call_t *k, choru
   }
   if (tl_group.depth && group_reserve())
     return group_note(comm_error(comm, CHORUS_ERR_NO_MEMORY, "%s: out of memory", k->fn));
-  if ((ret = coll_prepare(comm, k, &r)))
+  /* a blocking call's request never reaches its caller: no handle */
+  if ((ret = coll_prepare(comm, k, &r, !blocking || tl_group.depth)))
     return group_note(ret);
   if (tl_group.depth) {
     r->grouped = blocking;

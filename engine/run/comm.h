@@ -68,6 +68,7 @@ struct chorus_request {
   bool grouped; /* a blocking call queued in a group: chorus_group_end releases it */
   bool staged;  /* sends from comm->stage (coll.c, "Staging"); released with the request */
   bool bounce;  /* its sends bounce whatever the memory (coll.c, "Staging") */
+  bool handle;  /* a handle (eng_handle_add): it reaches the caller; a blocking call's does not */
   atomic_int done;
   chorus_result result;
   chorus_request_t *next_cmd;              /* command queue link */

@@ -778,7 +778,8 @@ void request_complete_text(chorus_request_t *req, chorus_result rc, const char *
 void request_release(chorus_request_t *req) {
   chorus_comm_t *c = req->comm;
 
-  eng_handle_remove(req);
+  if (req->handle)
+    eng_handle_remove(req);
   if (req->slot)
     req->slot->refs--;
   else
