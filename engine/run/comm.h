@@ -167,10 +167,9 @@ struct chorus_comm {
   } sel_memo[16];
   unsigned sel_memo_next;
   bool sel_ready;
-  uint64_t yield_after_ns;      /* a driver idle this long starts yielding (COMM_YIELD_AFTER_NS) */
-  uint64_t start_drive_ns;      /* a small nonblocking call's caller drives it this long (coll.c) */
-  uint64_t yield_crowded_until; /* till then (fsm_now_ns) a driver yields at once */
-  int home_cpu;                 /* this rank's own CPU (COMM_HOME_EVERY_NS), -1 for none */
+  uint64_t yield_after_ns; /* a driver idle this long starts yielding (COMM_YIELD_AFTER_NS) */
+  uint64_t start_drive_ns; /* a small nonblocking call's caller drives it this long (coll.c) */
+  int home_cpu;            /* this rank's own CPU (COMM_HOME_EVERY_NS), -1 for none */
   /* Families (watch.c): a communicator with a watchdog heads one (family: a
    * key unique in the process, sub_id 0); chorus_comm_split's children join
    * their parent's (sub_id: the same on every member; world_of[r]: the
@@ -336,14 +335,9 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
  * communicator's ranks on this host do not outnumber its cores; with more,
  * from the start and after every idle round. A yield is a
  * system call that a waiter on a core of its own only pays for: a message
- * over shm is answered within microseconds. Where a yield takes longer than
- * COMM_YIELD_LONG_NS, something else ran on the core (a peer the kernel put
- * there, as it does now and then at start), and for COMM_YIELD_CROWDED_NS
- * every wait yields at once again. */
+ * over shm is answered within microseconds. */
 #define COMM_YIELD_AFTER_NS (5 * 1000)
 #define COMM_YIELD_EVERY_MASK 15u
-#define COMM_YIELD_LONG_NS (4 * 1000)
-#define COMM_YIELD_CROWDED_NS (10 * 1000 * 1000)
 /* Own cores (CHORUS_SPREAD_CORES). When a host's ranks fit its cores, local
  * rank i's own CPU is the i-th of its affinity mask at creation; the thread
  * that creates the communicator, and a driver that waits (idle rounds, or
@@ -361,10 +355,8 @@ void comm_drive(chorus_comm_t *c, atomic_int *flag, uint64_t idle_ns, unsigned m
 #define COMM_HOME_UNSET (-2)
 /* Moves the calling thread to c->home_cpu if it is elsewhere (run.c). */
 void comm_go_home(chorus_comm_t *c);
-/* Whether a driver idle for idle_ns yields now (fsm_now_ns() = now). */
-bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns, uint64_t now);
-/* A yield from `before` to `after` (fsm_now_ns) is over: notes a crowded core. */
-void comm_yielded(chorus_comm_t *c, uint64_t before, uint64_t after);
+/* Whether a driver idle for idle_ns yields now. */
+bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns);
 
 /*
  * How long a polling loop (comm_drive) has waited, counted while it runs: a

@@ -359,15 +359,8 @@ static void comm_home_due(chorus_comm_t *c, uint64_t now) {
   comm_go_home(c);
 }
 
-bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns, uint64_t now) {
-  return idle_ns >= (now < c->yield_crowded_until ? 0 : c->yield_after_ns);
-}
-
-void comm_yielded(chorus_comm_t *c, uint64_t before, uint64_t after) {
-  /* a long yield: something else ran on this core (a peer the kernel put
-   * here, say): yield at once for a while */
-  if (after - before > COMM_YIELD_LONG_NS)
-    c->yield_crowded_until = after + COMM_YIELD_CROWDED_NS;
+bool comm_yield_due(const chorus_comm_t *c, uint64_t idle_ns) {
+  return idle_ns >= c->yield_after_ns;
 }
 
 bool idle_clock_over(idle_clock_t *ic, uint64_t now, uint64_t limit) {
@@ -414,10 +407,8 @@ static bool comm_drive_locked(chorus_comm_t *c, atomic_int *flag, uint64_t idle_
           if (idle_clock_over(&idle, now, idle_ns) || now > until)
             break;
           comm_home_due(c, now);
-          if (comm_yield_due(c, now - idle.first, now)) {
+          if (comm_yield_due(c, now - idle.first))
             sched_yield();
-            comm_yielded(c, now, fsm_now_ns());
-          }
         }
       }
       /* The progress thread sleeps (it set `sleeping` under this lock):

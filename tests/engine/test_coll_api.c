@@ -363,32 +363,22 @@ Test(coll_api, idle_clock_counts_the_time_on_the_core) {
 
 /* A waiting driver yields its core only after COMM_YIELD_AFTER_NS of idle
  * polling when its ranks do not outnumber the cores (a yield is a system
- * call a waiter with a core of its own only pays for), at once when they do;
- * a yield that took longer than COMM_YIELD_LONG_NS (something else ran on
- * the core) brings back yielding at once for COMM_YIELD_CROWDED_NS. */
+ * call a waiter with a core of its own only pays for), at once when they do. */
 Test(coll_api, waiters_yield_late_on_a_core_of_their_own) {
-  const uint64_t us = 1000, t0 = 1000000000ull;
   chorus_comm_t c;
 
   memset(&c, 0, sizeof(c));
   c.yield_after_ns = COMM_YIELD_AFTER_NS;
-  cr_assert(!comm_yield_due(&c, 0, t0));
-  cr_assert(!comm_yield_due(&c, COMM_YIELD_AFTER_NS - 1, t0), "idle just under the delay");
-  cr_assert(comm_yield_due(&c, COMM_YIELD_AFTER_NS, t0), "idle for the delay");
-  comm_yielded(&c, t0, t0 + 1500); /* 1.5 us: nothing else ran */
-  cr_assert(!comm_yield_due(&c, 0, t0 + 2 * us), "a short yield changes nothing");
-  comm_yielded(&c, t0, t0 + COMM_YIELD_LONG_NS + 1); /* a peer ran here */
-  uint64_t back = t0 + COMM_YIELD_LONG_NS + 1;
-  cr_assert(comm_yield_due(&c, 0, back), "crowded: yield at once");
-  cr_assert(comm_yield_due(&c, 0, back + COMM_YIELD_CROWDED_NS - 1), "still crowded");
-  cr_assert(!comm_yield_due(&c, 0, back + COMM_YIELD_CROWDED_NS), "crowded no more");
+  cr_assert(!comm_yield_due(&c, 0));
+  cr_assert(!comm_yield_due(&c, COMM_YIELD_AFTER_NS - 1), "idle just under the delay");
+  cr_assert(comm_yield_due(&c, COMM_YIELD_AFTER_NS), "idle for the delay");
 
   /* a real communicator: 3 ranks of one process, sharing cores or not */
   job_up();
   cr_assert_eq(c0->yield_after_ns, coll_ranks_per_core(c0) > 1 ? 0 : COMM_YIELD_AFTER_NS,
                "%d ranks a core: yield after %llu ns", coll_ranks_per_core(c0),
                (unsigned long long)c0->yield_after_ns);
-  cr_assert(comm_yield_due(c0, c0->yield_after_ns, fsm_now_ns()));
+  cr_assert(comm_yield_due(c0, c0->yield_after_ns));
   job_down();
 }
 
