@@ -774,7 +774,7 @@ size_t coll_call_chunk(const chorus_comm_t *c, int coll, size_t block) {
 /* Whether k runs staged, and the buffer it takes (*need bytes, allocated). */
 static bool stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro,
                        size_t *need) {
-  if (k->multi || !k->count || c->stage_busy || !c->stage_shm || !c->stage_shared ||
+  if (k->multi || !k->count || c->stage_busy || !c->stage_shm || c->per_core <= 1 ||
       !c->set.shm_stage)
     return false;
   if (k->coll != COLL_ALLGATHER && !(k->coll == COLL_BCAST && c->rank == k->root))
@@ -829,7 +829,7 @@ static void stage_begin(chorus_comm_t *c, const coll_call_t *k, size_t need, boo
 static bool bounce_call(const chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro) {
   const size_t bounce = c->shm_bounce;
   const size_t bytes = ro->send_bytes > ro->recv_bytes ? ro->send_bytes : ro->recv_bytes;
-  return !k->multi && c->stage_shared && bounce != PROV_BOUNCE_NONE && bytes <= bounce;
+  return !k->multi && c->per_core > 1 && bounce != PROV_BOUNCE_NONE && bytes <= bounce;
 }
 
 static chorus_result coll_prepare(chorus_comm_t *c, const coll_call_t *k, chorus_request_t **out,
@@ -1415,7 +1415,6 @@ chorus_result coll_comm_init(chorus_comm_t *c) {
   c->yield_after_ns = per_core > 1 ? 0 : COMM_YIELD_AFTER_NS;
   c->start_drive_ns = per_core > START_DRIVE_RANKS_PER_CORE ? 0 : START_DRIVE_NS;
   c->stage_shm = comm_shm_only(c);
-  c->stage_shared = per_core > 1;
   if (c->home_cpu == COMM_HOME_UNSET) /* else a split or shrink's parent's */
     c->home_cpu = home_cpu(c);
   c->sel_ready = true;

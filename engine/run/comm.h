@@ -189,10 +189,9 @@ struct chorus_comm {
   size_t stage_bytes;           /* its size */
   bool stage_busy;              /* a live request runs in it */
   bool stage_shm;               /* every peer on this host, over shm (coll.c, "Staging") */
-  bool stage_shared;            /* ranks here outnumber the cores */
   size_t shm_bounce;            /* comm_shm_bounce(), kept by coll_comm_init */
-  int per_core;                 /* coll_ranks_per_core(), kept by coll_comm_init */
-  char last_algo[32];           /* chorus_comm_last_algorithm */
+  int per_core; /* coll_ranks_per_core(), kept by coll_comm_init; > 1: they outnumber the cores */
+  char last_algo[32]; /* chorus_comm_last_algorithm */
   const algo_desc_t *last_algo_d;
   uint16_t *p2p_seq; /* [2*size]: next send to peer p at 2p, next receive from p at 2p+1 */
 };

@@ -223,20 +223,16 @@ static void subs_collect(const chorus_comm_t *c, beat_subs_t *bs) {
  * the rank waits. */
 static int reason_of(int code);
 
-static void family_note(const chorus_comm_t *s, const char *text, char *t, size_t tlen) {
-  snprintf(t, tlen,
-           "%.1000s (the verdict on the communicator this one was split from; ranks as there)",
-           text);
-}
-
-/* Its ranks that the head's lost ranks are, in s's numbering. */
+/* Its ranks that the head's lost ranks are, in s's numbering (*sl: an
+ * allocation the caller frees, NULL when out of memory: then none). */
 static size_t family_lost(const chorus_comm_t *s, const uint32_t *lost, size_t nlost,
-                          uint32_t *sl) {
+                          uint32_t **sl) {
   size_t n = 0;
-  for (size_t j = 0; sl && j < nlost; j++)
+  *sl = nlost ? calloc((size_t)s->size, sizeof(**sl)) : NULL;
+  for (size_t j = 0; *sl && j < nlost; j++)
     for (int r = 0; r < s->size; r++)
       if (s->world_of[r] == lost[j] && r != s->rank)
-        sl[n++] = (uint32_t)r;
+        (*sl)[n++] = (uint32_t)r;
   return n;
 }
 
@@ -244,33 +240,37 @@ static void family_pass_on(const chorus_comm_t *c, int code, int culprit, const 
                            const uint32_t *lost, size_t nlost) {
   if (!c->family || c->world_of)
     return;
+  struct fam_kid {
+    chorus_comm_t *s;
+    uint32_t *sl; /* its lost ranks, in its numbering */
+    size_t n;
+  } kids[FAMILY_MAX];
+  int nkids = 0;
   char t[1200];
+  snprintf(t, sizeof(t),
+           "%.1000s (the verdict on the communicator this one was split from; ranks as there)",
+           text);
   pthread_mutex_lock(&g_fam_lock);
   for (int i = 0; i < FAMILY_MAX; i++) { /* first every dump (chorus-trace joins them) */
     chorus_comm_t *s = g_fam[i];
-    if (!s || s->family != c->family || !s->set.trace_dir[0])
+    if (!s || s->family != c->family)
       continue;
-    uint32_t *sl = calloc((size_t)s->size, sizeof(*sl));
-    size_t n = family_lost(s, lost, nlost, sl);
+    uint32_t *sl;
+    size_t n = family_lost(s, lost, nlost, &sl);
+    kids[nkids++] = (struct fam_kid){s, sl, n};
+    if (!s->set.trace_dir[0])
+      continue;
     int sc = -1;
     for (int r = 0; r < s->size && culprit >= 0; r++)
       if (s->world_of[r] == (uint32_t)culprit)
         sc = r;
-    family_note(s, text, t, sizeof(t));
     dump_write(s, s->set.trace_dir, reason_of(code), sc, code, t, sl, n, NULL, 0);
-    free(sl);
   }
-  for (int i = 0; i < FAMILY_MAX; i++) { /* then every failure */
-    chorus_comm_t *s = g_fam[i];
-    if (!s || s->family != c->family)
-      continue;
-    uint32_t *sl = calloc((size_t)s->size, sizeof(*sl));
-    size_t n = family_lost(s, lost, nlost, sl);
-    if (n)
-      comm_note_lost(s, sl, n);
-    family_note(s, text, t, sizeof(t));
-    comm_fail(s, (chorus_result)code, t);
-    free(sl);
+  for (int i = 0; i < nkids; i++) { /* then every failure */
+    if (kids[i].n)
+      comm_note_lost(kids[i].s, kids[i].sl, kids[i].n);
+    comm_fail(kids[i].s, (chorus_result)code, t);
+    free(kids[i].sl);
   }
   pthread_mutex_unlock(&g_fam_lock);
 }

@@ -145,16 +145,11 @@ static void steps(out_t *o, const tr_diag_t *dg, int r, const tr_dump_t *d) {
   /* its waits inside splits of this communicator (their steps are the split's) */
   for (size_t i = 0; i < dg->nedges; i++) {
     const tr_edge_t *e = &dg->edges[i];
-    const tr_comm_t *v = e->via;
-    const tr_dump_t *sd = NULL;
-    for (int m = 0; v && v->world_of && m < v->size; m++)
-      if ((int)v->world_of[m] == r)
-        sd = v->ranks[m].d;
-    if (e->from != r || !sd)
+    if (e->from != r || !e->via || !e->dump)
       continue;
     tr_bclear(&s);
     tr_edge_step_str(&s, e, size);
-    stuck(o, r, &s, e->step, sd, "split_seq");
+    stuck(o, r, &s, e->step, e->dump, "split_seq");
   }
   size_t from = d->n_journal > JOURNAL_EVENTS ? d->n_journal - JOURNAL_EVENTS : 0;
   for (size_t i = from; i < d->n_journal; i++) {

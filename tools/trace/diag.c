@@ -159,6 +159,7 @@ static int split_edges(ctx_t *x, tr_edge_t **e, size_t *n, size_t *cap) {
                           .to = (int)kc->world_of[p],
                           .step = s,
                           .via = kc,
+                          .dump = d,
                           .age_ns = age,
                           .nsteps = 1};
         if (edge.from != edge.to && edge_push(e, n, cap, edge))
@@ -183,8 +184,9 @@ static int build_edges(ctx_t *x) {
       uint64_t age = tr_age(d->t_dump_ns, s->since_ns);
       if (p < 0 || !blocking(s, age))
         continue;
-      if (edge_push(&e, &n, &cap,
-                    (tr_edge_t){.from = r, .to = p, .step = s, .age_ns = age, .nsteps = 1})) {
+      if (edge_push(
+              &e, &n, &cap,
+              (tr_edge_t){.from = r, .to = p, .step = s, .dump = d, .age_ns = age, .nsteps = 1})) {
         free(e);
         return -ENOMEM;
       }

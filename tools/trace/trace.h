@@ -179,7 +179,8 @@ const char *tr_kind_name(tr_kind k); /* "diverged", ... */
 typedef struct tr_edge {
   int from, to;
   const tr_step_t *step;
-  const tr_comm_t *via; /* the split the step is in (its ranks there), NULL: this communicator */
+  const tr_comm_t *via;  /* the split the step is in (its ranks there), NULL: this communicator */
+  const tr_dump_t *dump; /* the dump that holds the step (from's, in via when via is set) */
   uint64_t age_ns;
   uint32_t nsteps;
   bool in_cycle;

@@ -302,20 +302,15 @@ void tr_edge_step_str(tr_buf_t *b, const tr_edge_t *e, int size) {
     return;
   }
   int *ranks = malloc((size_t)v->size * sizeof(*ranks));
-  int me = -1;
-  for (int m = 0; m < v->size; m++) {
-    if (ranks)
-      ranks[m] = (int)v->world_of[m];
-    if ((int)v->world_of[m] == e->from)
-      me = m;
-  }
+  for (int m = 0; ranks && m < v->size; m++)
+    ranks[m] = (int)v->world_of[m];
   tr_bputs(b, "in the split of ranks ");
   if (ranks) {
     qsort(ranks, (size_t)v->size, sizeof(*ranks), cmp_int);
     tr_ranks_str(b, ranks, (size_t)v->size, 16);
     free(ranks);
   }
-  const tr_call_t *call = me >= 0 ? tr_call_at(v->ranks[me].d, e->step->seq) : NULL;
+  const tr_call_t *call = e->dump ? tr_call_at(e->dump, e->step->seq) : NULL;
   if (call) {
     tr_bprintf(b, " (its #%llu ", (unsigned long long)e->step->seq);
     tr_call_str(b, call);
