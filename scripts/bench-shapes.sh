@@ -19,6 +19,8 @@
 #   --build DIR   build directory (default ./build)
 #   --out DIR     keep the JSON lines there (default: a new temporary dir)
 #   --against DIR the alternative is the build in DIR, not settings
+#   --perf ARGS   more chorus-perf options for both, one word each, space
+#                 separated (e.g. "--mem lib" or "--offset 16")
 #
 # Prints per shape, collective and size the median time of each and their
 # ratio (alternative over default: above 1, the special case gains), then per
@@ -28,7 +30,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 colls=allreduce minb=8 maxb=2M factor=64 iters="" rounds=5 provider=shm
-shapes=1core,cores,crowded build=build out="" against=""
+shapes=1core,cores,crowded build=build out="" against="" more=""
 while [ $# -gt 0 ]; do
   case "$1" in
   -c) colls=${2:?}; shift ;;
@@ -42,8 +44,9 @@ while [ $# -gt 0 ]; do
   --build) build=${2:?}; shift ;;
   --out) out=${2:?}; shift ;;
   --against) against=${2:?}; shift ;;
+  --perf) more=${2:?}; shift ;;
   --) shift; break ;;
-  -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "bench-shapes.sh: unknown option $1 (the settings go after --)" >&2; exit 2 ;;
   esac
   shift
@@ -66,9 +69,11 @@ mkdir -p "$out"
 cores=$(nproc)
 perf_args=(--json -c "$colls" -b "$minb" -e "$maxb" -f "$factor")
 [ -z "$iters" ] || perf_args+=(-n "$iters")
+read -r -a more_args <<<"$more"
+perf_args+=(${more_args[@]+"${more_args[@]}"})
 penv=()
 [ "$provider" = shm ] || penv=(FI_TCP_IFACE=lo)
-echo "# bench-shapes: $colls, $minb..$maxb x$factor, provider $provider, $rounds rounds;" \
+echo "# bench-shapes: $colls, $minb..$maxb x$factor${more:+ ($more)}, provider $provider, $rounds rounds;" \
   "alternative: $alt_name; raw output in $out"
 
 IFS=, read -r -a shape_list <<<"$shapes"

@@ -177,28 +177,33 @@ static int set_algo(const struct perf_options *opt) {
   return 0;
 }
 
-/* One buffer of -e bytes, from where --mem says; 0, or -1 after a message. */
-static int buf_alloc(const struct perf_options *opt, unsigned char **buf, size_t bytes) {
+/* One buffer of -e bytes, from where --mem says, starting --offset bytes in:
+ * *base is what buf_free takes. 0, or -1 after a message. */
+static int buf_alloc(const struct perf_options *opt, unsigned char **base, unsigned char **buf,
+                     size_t bytes) {
+  *buf = NULL;
   if (opt->mem == PERF_MEM_LIB) {
-    chorus_result rc = chorus_mem_alloc((void **)buf, bytes);
-    if (rc)
-      fprintf(stderr, PERF_NAME ": chorus_mem_alloc(%zu) failed: %s: %s\n", bytes,
+    chorus_result rc = chorus_mem_alloc((void **)base, bytes + opt->offset);
+    if (rc) {
+      *base = NULL;
+      fprintf(stderr, PERF_NAME ": chorus_mem_alloc(%zu) failed: %s: %s\n", bytes + opt->offset,
               chorus_strerror(rc), chorus_last_error());
-    return rc ? -1 : 0;
-  }
-  if (posix_memalign((void **)buf, 4096, bytes)) {
-    *buf = NULL;
-    fprintf(stderr, PERF_NAME ": cannot allocate %zu bytes of buffer\n", bytes);
+      return -1;
+    }
+  } else if (posix_memalign((void **)base, 4096, bytes + opt->offset)) {
+    *base = NULL;
+    fprintf(stderr, PERF_NAME ": cannot allocate %zu bytes of buffer\n", bytes + opt->offset);
     return -1;
   }
+  *buf = *base + opt->offset;
   return 0;
 }
 
-static void buf_free(const struct perf_options *opt, unsigned char *buf) {
+static void buf_free(const struct perf_options *opt, unsigned char *base) {
   if (opt->mem == PERF_MEM_LIB)
-    (void)chorus_mem_free(buf);
+    (void)chorus_mem_free(base);
   else
-    free(buf);
+    free(base);
 }
 
 int main(int argc, char **argv) {
@@ -211,7 +216,7 @@ int main(int argc, char **argv) {
                             .last_algo = chorus_algo,
                             .abort = chorus_die,
                             .ctx = &ctx};
-  unsigned char *sendbuf = NULL, *recvbuf = NULL;
+  unsigned char *sendbuf = NULL, *recvbuf = NULL, *sendbase = NULL, *recvbase = NULL;
   size_t bufbytes;
   int exit_code;
   chorus_result rc;
@@ -225,8 +230,9 @@ int main(int argc, char **argv) {
    * communicator exists, not leave the others waiting in a collective. Every
    * collective's buffers fit in -e bytes each (sizes are whole buffers). */
   bufbytes = opt.maxbytes / opt.dtype->size * opt.dtype->size;
-  if (buf_alloc(&opt, &sendbuf, bufbytes) || buf_alloc(&opt, &recvbuf, bufbytes)) {
-    buf_free(&opt, sendbuf);
+  if (buf_alloc(&opt, &sendbase, &sendbuf, bufbytes) ||
+      buf_alloc(&opt, &recvbase, &recvbuf, bufbytes)) {
+    buf_free(&opt, sendbase);
     return 1;
   }
   memset(sendbuf, 0, bufbytes);
@@ -264,7 +270,7 @@ out_destroy:
     exit_code = 1;
   }
 out_free_bufs:
-  buf_free(&opt, recvbuf);
-  buf_free(&opt, sendbuf);
+  buf_free(&opt, recvbase);
+  buf_free(&opt, sendbase);
   return exit_code;
 }

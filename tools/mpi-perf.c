@@ -258,7 +258,8 @@ int main(int argc, char **argv) {
               INT_MAX);
     return PERF_EXIT_USAGE;
   }
-  bufbytes = maxcount * opt.dtype->size;
+  /* --offset: each buffer is that much longer and used from there on */
+  bufbytes = maxcount * opt.dtype->size + opt.offset;
   /* Plain buffers come first, before MPI_Init, as in chorus-perf; MPI_Alloc_mem
    * needs MPI, and a rank it fails on ends the job (the others would wait). */
   if (opt.mem == PERF_MEM_PLAIN) {
@@ -291,7 +292,7 @@ int main(int argc, char **argv) {
   be.rank = ctx.rank;
   be.nranks = ctx.nranks;
 
-  exit_code = perf_run(&tool, &be, &opt, sendbuf, recvbuf);
+  exit_code = perf_run(&tool, &be, &opt, sendbuf + opt.offset, recvbuf + opt.offset);
 
   if (opt.mem == PERF_MEM_LIB) {
     MPI_Free_mem(recvbuf);

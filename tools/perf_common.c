@@ -379,6 +379,9 @@ static void usage(const struct perf_tool *tool, FILE *f) {
         f);
   if (tool->mem_help)
     fputs(tool->mem_help, f);
+  fputs("      --offset BYTES     each buffer starts this far past a page boundary\n"
+        "                         (default 0; malloc's blocks start 16 past a line)\n",
+        f);
   fputs("      --idle SECONDS     after the sweep, sit idle this long (every thread of the\n"
         "                         process left to itself) and report the CPU time the\n"
         "                         busiest rank used meanwhile, user and system\n",
@@ -489,7 +492,16 @@ static bool parse_colls(const struct perf_tool *tool, const char *list, struct p
 
 bool perf_parse_args(const struct perf_tool *tool, int argc, char **argv, struct perf_options *opt,
                      int *exit_code) {
-  enum { OPT_CHECK = 256, OPT_JSON, OPT_INPLACE, OPT_OUTPLACE, OPT_ALGO, OPT_MEM, OPT_IDLE };
+  enum {
+    OPT_CHECK = 256,
+    OPT_JSON,
+    OPT_INPLACE,
+    OPT_OUTPLACE,
+    OPT_ALGO,
+    OPT_MEM,
+    OPT_IDLE,
+    OPT_OFFSET
+  };
   static const struct option longopts[] = {{"collective", required_argument, NULL, 'c'},
                                            {"minbytes", required_argument, NULL, 'b'},
                                            {"maxbytes", required_argument, NULL, 'e'},
@@ -506,6 +518,7 @@ bool perf_parse_args(const struct perf_tool *tool, int argc, char **argv, struct
                                            {"outplace", no_argument, NULL, OPT_OUTPLACE},
                                            {"mem", required_argument, NULL, OPT_MEM},
                                            {"idle", required_argument, NULL, OPT_IDLE},
+                                           {"offset", required_argument, NULL, OPT_OFFSET},
                                            {"help", no_argument, NULL, 'h'},
                                            {NULL, 0, NULL, 0}};
   const char *coll = "allreduce", *dtype = "float32", *op = "sum";
@@ -576,6 +589,14 @@ bool perf_parse_args(const struct perf_tool *tool, int argc, char **argv, struct
       else
         return usage_error(tool, "bad memory for --mem: '%s' (plain or lib)", optarg);
       break;
+    case OPT_OFFSET: {
+      char *end;
+      unsigned long v = strtoul(optarg, &end, 10);
+      if (end == optarg || *end || optarg[0] == '-' || v > PERF_OFFSET_MAX)
+        return usage_error(tool, "bad offset for --offset: '%s' (bytes, 0 to 4095)", optarg);
+      opt->offset = (size_t)v;
+      break;
+    }
     case OPT_IDLE: {
       char *end;
       opt->idle_s = strtod(optarg, &end);
@@ -687,10 +708,11 @@ static void print_header(const struct perf_table *t) {
     printf(", iters %d", opt->iters);
   else
     printf(", iters 100 (20 past 1M, 20*64M/size past 64M, >= 5)");
-  printf(", check %s, memory %s\n#\n", opt->check ? "on" : "off",
+  printf(", check %s, memory %s, offset %zu\n#\n", opt->check ? "on" : "off",
          opt->mem == PERF_MEM_PLAIN ? "plain"
          : t->tool->mem_lib         ? t->tool->mem_lib
-                                    : "lib");
+                                    : "lib",
+         opt->offset);
   printf("# %10s  %12s  %8s  %6s  %4s  %10s  %8s  %8s  %7s  %s\n", "size", "count", "type", "redop",
          "root", "time", "algbw", "busbw", "#wrong", "algo");
   printf("# %10s  %12s  %8s  %6s  %4s  %10s  %8s  %8s  %7s\n", "(B)", "(elements)", "", "", "",
@@ -724,8 +746,8 @@ static void print_row(const struct perf_table *t, const struct perf_row *r) {
       printf("%" PRId64, r->wrong);
     else
       printf("null");
-    printf(",\"inplace\":%s,\"mem\":\"%s\"}\n", t->inplace ? "true" : "false",
-           opt->mem == PERF_MEM_LIB ? "lib" : "plain");
+    printf(",\"inplace\":%s,\"mem\":\"%s\",\"offset\":%zu}\n", t->inplace ? "true" : "false",
+           opt->mem == PERF_MEM_LIB ? "lib" : "plain", opt->offset);
   } else {
     char wrong[24], root[16], algbw[16], busbw[16];
     if (r->wrong >= 0)

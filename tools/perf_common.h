@@ -86,6 +86,9 @@ struct perf_op_info {
   enum perf_op id;
 };
 
+/* The largest --offset: buffers stay within their first page's offset. */
+#define PERF_OFFSET_MAX 4095
+
 /* Where the tool puts its buffers (--mem). */
 enum perf_mem {
   PERF_MEM_PLAIN, /* posix_memalign: memory the library knows nothing of (default) */
@@ -117,6 +120,7 @@ struct perf_options {
   const char *algo; /* --algo as given, or NULL */
   enum perf_mem mem;
   bool check, json, inplace;
+  size_t offset; /* --offset: bytes each buffer starts past a page boundary */
   double idle_s; /* --idle: after the sweep, idle this long and report the CPU used (0: no) */
 };
 

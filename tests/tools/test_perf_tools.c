@@ -289,6 +289,7 @@ struct expect {
   int root;       /* -1: not given (0) */
   bool inplace;   /* --inplace was given */
   bool lib;       /* --mem lib was given */
+  int offset;     /* --offset */
   bool mpi;       /* provider "openmpi", algo "default" */
   char algo[16];  /* "" or the algo every line must name */
   char colls[96]; /* the -c list, in order */
@@ -366,6 +367,7 @@ static void check_lines(const struct output *o, const struct expect *e) {
                  line);
     cr_assert_str_eq(jget_type(&obj, "mem", J_STRING, line)->str, e->lib ? "lib" : "plain", "%s",
                      line);
+    cr_assert_eq(jget_type(&obj, "offset", J_NUMBER, line)->num, e->offset, "%s", line);
     if (c->rooted)
       cr_assert_eq(jget_type(&obj, "root", J_NUMBER, line)->num, e->root < 0 ? 0 : e->root, "%s",
                    line);
@@ -397,13 +399,14 @@ struct perf_case {
   int nranks;
   int root;
   bool inplace;
-  bool lib; /* --mem lib */
+  bool lib;   /* --mem lib */
+  int offset; /* --offset, when not 0 */
   char algo[16];
   char colls[96];
 };
 
 static struct output run_chorus(const struct perf_case *tc) {
-  char root[8], cmd[512], *argv[48], *save = NULL;
+  char root[8], offset[8], cmd[512], *argv[48], *save = NULL;
   int argc = 0;
   snprintf(root, sizeof(root), "%d", tc->root);
   snprintf(cmd, sizeof(cmd), "%schorus-run -n %d --no-tag --timeout 35 -- %schorus-perf -c %s %s",
@@ -420,6 +423,11 @@ static struct output run_chorus(const struct perf_case *tc) {
     argv[argc++] = "--mem";
     argv[argc++] = "lib";
   }
+  if (tc->offset) {
+    snprintf(offset, sizeof(offset), "%d", tc->offset);
+    argv[argc++] = "--offset";
+    argv[argc++] = offset;
+  }
   if (tc->algo[0]) {
     argv[argc++] = "--algo";
     argv[argc++] = (char *)tc->algo;
@@ -433,7 +441,7 @@ static bool have_mpi(void) {
 }
 
 static struct output run_mpi(const struct perf_case *tc) {
-  char root[8], cmd[512], *argv[48], *save = NULL;
+  char root[8], offset[8], cmd[512], *argv[48], *save = NULL;
   int argc = 0;
   snprintf(root, sizeof(root), "%d", tc->root);
   snprintf(cmd, sizeof(cmd),
@@ -452,13 +460,22 @@ static struct output run_mpi(const struct perf_case *tc) {
     argv[argc++] = "--mem";
     argv[argc++] = "lib";
   }
+  if (tc->offset) {
+    snprintf(offset, sizeof(offset), "%d", tc->offset);
+    argv[argc++] = "--offset";
+    argv[argc++] = offset;
+  }
   argv[argc] = NULL;
   return run_cmd(argv);
 }
 
 static struct expect expect_of(const struct perf_case *tc, bool mpi) {
-  struct expect e = {
-      .nranks = tc->nranks, .root = tc->root, .inplace = tc->inplace, .lib = tc->lib, .mpi = mpi};
+  struct expect e = {.nranks = tc->nranks,
+                     .root = tc->root,
+                     .inplace = tc->inplace,
+                     .lib = tc->lib,
+                     .offset = tc->offset,
+                     .mpi = mpi};
   snprintf(e.algo, sizeof(e.algo), "%s", tc->algo);
   if (!strcmp(tc->colls, "all"))
     snprintf(e.colls, sizeof(e.colls),
@@ -471,7 +488,8 @@ static struct expect expect_of(const struct perf_case *tc, bool mpi) {
 
 /* Every collective alone at 2 and 3 ranks, then roots, in-place, and every
  * collective over buffers from chorus_mem_alloc (--mem lib), out of place
- * and in place. */
+ * and in place; buffers off their lines (--offset) in place and over
+ * library memory. */
 static struct perf_case *cases(size_t *n) {
   static struct perf_case all[2 * NCOLLS + 4];
   size_t k = 0;
@@ -482,9 +500,9 @@ static struct perf_case *cases(size_t *n) {
     }
   all[k] = (struct perf_case){.nranks = 3, .root = 2};
   snprintf(all[k++].colls, sizeof(all[0].colls), "bcast,reduce,gather,scatter");
-  all[k] = (struct perf_case){.nranks = 3, .root = -1, .inplace = true};
+  all[k] = (struct perf_case){.nranks = 3, .root = -1, .inplace = true, .offset = 16};
   snprintf(all[k++].colls, sizeof(all[0].colls), "allreduce,bcast,allgather,reduce_scatter");
-  all[k] = (struct perf_case){.nranks = 3, .root = 1, .lib = true};
+  all[k] = (struct perf_case){.nranks = 3, .root = 1, .lib = true, .offset = 40};
   snprintf(all[k++].colls, sizeof(all[0].colls), "all");
   all[k] = (struct perf_case){.nranks = 3, .root = -1, .inplace = true, .lib = true};
   snprintf(all[k++].colls, sizeof(all[0].colls), "allreduce,bcast,allgather,reduce_scatter");
@@ -519,7 +537,7 @@ ParameterizedTestParameters(perf_tools, mpi_perf_check) {
        .root = -1,
        .inplace = true,
        .colls = "allreduce,bcast,allgather,reduce_scatter"},
-      {.nranks = 2, .root = -1, .lib = true, .colls = "all"},
+      {.nranks = 2, .root = -1, .lib = true, .offset = 16, .colls = "all"},
   };
   return cr_make_param_array(struct perf_case, all, sizeof(all) / sizeof(all[0]));
 }
@@ -561,6 +579,9 @@ Test(perf_tools, usage_errors) {
       {"-c", "bcast", "--mem", "shared"},
       {"--idle", "0"},
       {"--idle", "ten"},
+      {"--offset", "4096"},
+      {"--offset", "-1"},
+      {"--offset", "16B"},
   };
   for (size_t i = 0; i < sizeof(chorus_bad) / sizeof(chorus_bad[0]); i++) {
     char *argv[8] = {TOOLS "chorus-perf"};
