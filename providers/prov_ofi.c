@@ -447,13 +447,16 @@ static const char *ofi_prov_name(const char *name) {
  * One 2-rank exchange of 3 x 18 MiB dropped 29,820 packets that way, and
  * under load rxd (1.17) then completed some 1 and 16 MiB receives short
  * (FI_ETRUNC, eight packets' data missing). So the endpoint's socket asks
- * for OFI_UDP_RCVBUF (the kernel grants up to net.core.rmem_max, doubled),
- * and the window is what that buffer holds for four peers sending at once,
- * at least 8 and at most OFI_RXD_WINDOW_MAX: with a buffer large enough for
- * 128, a 4-rank allreduce over udp beside two busy loops stalled for good
- * in 8 runs of 8 (sanitizer build), and passed 5 of 5 with 16. Read, like
- * rxm's values, when libfabric first initialises its providers; a value the
- * user set is kept. */
+ * for OFI_UDP_RCVBUF (the kernel grants up to net.core.rmem_max, doubled).
+ * With one peer that buffer holds rxd's own window, which is kept: the
+ * smaller one below made 2-rank calls of 2 MiB 3 to 9 times slower. With
+ * more, the window is what the buffer holds for four peers sending at
+ * once, at least 8 and at most OFI_RXD_WINDOW_MAX: with a buffer large
+ * enough for 128, a 4-rank allreduce over udp beside two busy loops stalled
+ * for good in 8 runs of 8 (sanitizer build), and passed 5 of 5 with 16; 8
+ * ranks with 128 got a 2 MiB message garbled. Read, like rxm's values, when
+ * libfabric first initialises its providers, so the first job of a process
+ * decides; a value the user set is kept. */
 #define OFI_UDP_RCVBUF (4 << 20)
 #define OFI_UDP_PKT_COST 8192
 #define OFI_RXD_WINDOW_MAX 16
@@ -479,11 +482,11 @@ static long ofi_udp_rcvbuf(void) {
   return got > dflt ? got : dflt;
 }
 
-static void ofi_rxd_window_env(void) {
+static void ofi_rxd_window_env(int nranks) {
   char v[16];
   long w;
 
-  if (getenv("FI_OFI_RXD_MAX_UNACKED"))
+  if (getenv("FI_OFI_RXD_MAX_UNACKED") || nranks <= 2)
     return;
   w = ofi_udp_rcvbuf() / OFI_UDP_PKT_COST / 4;
   w = w < 8 ? 8 : w > OFI_RXD_WINDOW_MAX ? OFI_RXD_WINDOW_MAX : w;
@@ -512,7 +515,8 @@ static const char *ofi_source(const prov_config_t *cfg) {
   return NULL;
 }
 
-static int ofi_getinfo(const char *prov, uint64_t caps, const char *node, struct fi_info **out) {
+static int ofi_getinfo(const char *prov, uint64_t caps, const char *node, int nranks,
+                       struct fi_info **out) {
   struct fi_info *hints = fi_allocinfo();
   int rc;
 
@@ -520,7 +524,7 @@ static int ofi_getinfo(const char *prov, uint64_t caps, const char *node, struct
   setenv("FI_OFI_RXM_MSG_RX_SIZE", OFI_RXM_MSG_RX_SIZE, 0);
   setenv("FI_SHM_RX_SIZE", OFI_SHM_QUEUE_SIZE, 0);
   setenv("FI_SHM_TX_SIZE", OFI_SHM_QUEUE_SIZE, 0);
-  ofi_rxd_window_env();
+  ofi_rxd_window_env(nranks);
   if (!hints)
     return -FI_ENOMEM;
   hints->caps = caps;
@@ -1272,10 +1276,10 @@ static int ofi_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t
 
   o->directed = true;
   const char *source = ofi_source(cfg);
-  rc = ofi_getinfo(prov, FI_TAGGED | FI_DIRECTED_RECV, source, &o->info);
+  rc = ofi_getinfo(prov, FI_TAGGED | FI_DIRECTED_RECV, source, cfg->nranks, &o->info);
   if (rc == -FI_ENODATA) {
     o->directed = false;
-    rc = ofi_getinfo(prov, FI_TAGGED, source, &o->info);
+    rc = ofi_getinfo(prov, FI_TAGGED, source, cfg->nranks, &o->info);
   }
   if (rc) {
     prov_errf(errbuf, errlen, "ofi: no libfabric provider \"%s\" with RDM tagged messaging: %s",
