@@ -6,7 +6,9 @@
  * destination and source differ in their offset within a 64-byte line -
  * what malloc's 16-byte offset does to every large block. Copying in pieces
  * below glibc's rep-movsb threshold, the destination aligned first, keeps
- * to its vector loop, which does not care.
+ * to its vector loop, which does not care. Where `rep movsb` does not slow
+ * down (other CPUs), the pieces are the slower; memcopy_init() times both
+ * ways once per process and keeps the faster (memcopy.c).
  *
  * Only such copies go in pieces: where destination and source share their
  * offset within a line, glibc's copy is used in blocks of MEMCOPY_BLOCK.
@@ -24,6 +26,7 @@
 #ifndef CHORUS_MEMCOPY_H
 #define CHORUS_MEMCOPY_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -31,6 +34,13 @@
 #define MEMCOPY_PIECE 2048
 #define MEMCOPY_BLOCK (128u << 10)
 #define MEMCOPY_STREAM (8u << 20)
+
+/* Whether copies between different offsets within a line go in pieces: 1
+ * until memcopy_init() chose, once per process, by timing both ways. */
+extern _Atomic int memcopy_pieces_pay;
+/* Times both ways the first time it is called (a fraction of a millisecond);
+ * thread safe. The transports call it when they open (prov_open). */
+void memcopy_init(void);
 
 /* Copies the bytes before the destination's next 64-byte boundary and moves
  * past them (n is larger than a line). */
@@ -93,7 +103,8 @@ static inline void memcopy(void *dst, const void *src, size_t n) {
     return;
   }
 #endif
-  if (!(((uintptr_t)d ^ (uintptr_t)s) & 63)) {
+  if (!(((uintptr_t)d ^ (uintptr_t)s) & 63) ||
+      !atomic_load_explicit(&memcopy_pieces_pay, memory_order_relaxed)) {
     memcopy_pieces(d, s, n, MEMCOPY_BLOCK); /* blocks glibc copies with `rep movsb` */
     return;
   }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "memcopy.h"
 #include "ofi_lib.h"
 #include "prov_internal.h"
 
@@ -45,6 +46,7 @@ int prov_open(const prov_config_t *cfg, prov_t **out, char *errbuf, size_t errle
               cfg->nranks);
     return -EINVAL;
   }
+  memcopy_init(); /* the data path's copies, chosen before the first */
   if (cfg->faults && cfg->faults[0])
     ops = &prov_fault_ops;
   else if (strchr(cfg->name, '+'))

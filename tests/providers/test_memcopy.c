@@ -2,8 +2,9 @@
  * test_memcopy.c - memcopy (providers/memcopy.h), the data path's memcpy in
  * pieces: every byte lands, nothing around the destination is touched, for
  * sizes around its thresholds and every offset of destination and source
- * within a cache line, and for the streamed copy of large blocks
- * (MEMCOPY_STREAM and up).
+ * within a cache line, both ways of copying between different offsets
+ * (in pieces or not, memcopy_pieces_pay), and for the streamed copy of
+ * large blocks (MEMCOPY_STREAM and up).
  */
 #include <criterion/criterion.h>
 #include <stdint.h>
@@ -29,10 +30,25 @@ static void check(size_t n, size_t doff, size_t soff) {
 Test(memcopy, sizes_and_offsets) {
   static const size_t sizes[] = {0,    1,    63,   64,   2047,  2048,  2049, 8191,
                                  8192, 8193, 8255, 9000, 65536, 65599, 70000};
-  for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++)
-    for (size_t doff = 0; doff < 64; doff += 7)
-      for (size_t soff = 0; soff < 64; soff += 13)
-        check(sizes[k], doff, soff);
+  for (int pieces = 0; pieces < 2; pieces++) {
+    memcopy_pieces_pay = pieces;
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++)
+      for (size_t doff = 0; doff < 64; doff += 7)
+        for (size_t soff = 0; soff < 64; soff += 13)
+          check(sizes[k], doff, soff);
+  }
+  memcopy_pieces_pay = 1;
+}
+
+/* memcopy_init chooses once: 0 or 1, and a second call (or one from another
+ * thread) leaves the choice as it is. */
+Test(memcopy, init_chooses_once) {
+  memcopy_init();
+  int first = memcopy_pieces_pay;
+  cr_assert(first == 0 || first == 1, "memcopy_pieces_pay is %d", first);
+  memcopy_pieces_pay = !first;
+  memcopy_init();
+  cr_assert_eq(memcopy_pieces_pay, !first, "a second memcopy_init chose again");
 }
 
 /* Large blocks take the streamed path: sizes at and around its threshold,
