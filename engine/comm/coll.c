@@ -748,6 +748,8 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
  * block from its owner: select.c, cost_allgather), not one that forwards
  * what it received out of plain memory; broadcasts go flat (every receiver
  * reads the root's buffer: select.c, bcast_pulled).
+ * With ranks on cores of their own, only an allgather's own block of
+ * STAGE_ALONE_BLOCK_MIN or more is staged (its plan unchanged).
  * The buffer serves one live request at a time; another call meanwhile
  * runs on its own buffers, as does every call when a region can not be
  * made. Staged or not is each rank's own choice: it changes where the data
@@ -756,9 +758,9 @@ static void call_faults(chorus_comm_t *c, int coll, uint64_t seq) {
  * Tried and left: an allgather in place in the buffer, copied out whole
  * (slower than sending from it); a broadcast staged at every rank (slower
  * than unstaged); an allreduce run in place in the buffer, and staging with
- * ranks on cores of their own (an allgather's blocks from 128 KiB, a
- * broadcast from 8 MiB): measured on one core, on cores of their own and at
- * four ranks a core, each lost wherever it applied (docs/performance.md).
+ * ranks on cores of their own from smaller sizes (an allgather's blocks
+ * from 128 KiB, a broadcast from 8 MiB): each lost on some machine where it
+ * applied (docs/performance.md).
  */
 size_t coll_call_chunk(const chorus_comm_t *c, int coll, size_t block) {
   if (coll == COLL_BCAST)
@@ -771,13 +773,21 @@ size_t coll_call_chunk(const chorus_comm_t *c, int coll, size_t block) {
   return grown > c->allgather_chunk_bytes ? grown : c->allgather_chunk_bytes;
 }
 
+/* With ranks on cores of their own, an allgather's own block is staged from
+ * this size: each rank copies its block in while the peer does the same,
+ * and past half the last-level cache the kernel's copy (CMA, every page
+ * pinned) falls further behind a user copy that streams (MEMCOPY_STREAM)
+ * than the copy in costs. Smaller blocks lost by it. */
+#define STAGE_ALONE_BLOCK_MIN ((size_t)16 << 20)
+
 /* Whether k runs staged, and the buffer it takes (*need bytes, allocated). */
 static bool stage_plan(chorus_comm_t *c, const coll_call_t *k, const coll_role_t *ro,
                        size_t *need) {
-  if (k->multi || !k->count || c->stage_busy || !c->stage_shm || c->per_core <= 1 ||
-      !c->set.shm_stage)
+  if (k->multi || !k->count || c->stage_busy || !c->stage_shm || !c->set.shm_stage)
     return false;
   if (k->coll != COLL_ALLGATHER && !(k->coll == COLL_BCAST && c->rank == k->root))
+    return false;
+  if (c->per_core <= 1 && !(k->coll == COLL_ALLGATHER && ro->send_bytes >= STAGE_ALONE_BLOCK_MIN))
     return false;
   const size_t bytes = ro->recv_bytes, bounce = c->shm_bounce, max = c->set.shm_stage;
   /* what is sent from the buffer: the own block, or the root's data */

@@ -697,8 +697,9 @@ Test(mem, staging_off_or_past_its_limit_goes_by_cma) {
 enum { ALONE_ALLGATHER, ALONE_ALLGATHER_IN_PLACE, ALONE_BCAST };
 
 /* With ranks on cores of their own (two ranks, two CPUs), nothing is
- * staged: every allgather block and broadcast past the bounce slots goes by
- * CMA, as it does with CHORUS_SHM_STAGE=0. On a one-CPU machine the ranks
+ * staged but allgather blocks of 16 MiB and more: every other allgather
+ * block and broadcast past the bounce slots goes by CMA, as everything does
+ * with CHORUS_SHM_STAGE=0. On a one-CPU machine the ranks
  * share it and every such call is staged; a staged allgather's own block is
  * put into the receive buffer as it is staged (in place: left where it is).
  * arg: "alone" or "off". */
@@ -755,7 +756,8 @@ static int alone_rank(int rank, int size, const char *addr, void *arg) {
   }
   const size_t mib = 1u << 18; /* floats */
   const bool st = on && shared;
-  int bad = alone_step(c, rank, size, ALONE_ALLGATHER, 8 * mib, st, "allgather 2 x 8 MiB");
+  int bad = alone_step(c, rank, size, ALONE_ALLGATHER, 16 * mib, on, "allgather 2 x 16 MiB");
+  bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, 8 * mib, st, "allgather 2 x 8 MiB");
   bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, mib, st, "allgather 2 x 1 MiB");
   bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER, mib / 8, st, "allgather 2 x 128 KiB");
   bad = bad || alone_step(c, rank, size, ALONE_ALLGATHER_IN_PLACE, mib, st,
