@@ -134,7 +134,12 @@ mp_result_t mp_run(int size, mp_rank_fn fn, void *arg, double timeout_s, const c
   double deadline = mp_now_s() + timeout_s;
   while (left > 0) {
     int st;
-    pid_t p = waitpid(-1, &st, WNOHANG);
+    /* only the ranks' pids: waitpid(-1) also reaped children of the test's
+     * other threads (system()'s shell, which then returned -1) */
+    pid_t p = 0;
+    for (int r = 0; r < size && p <= 0; r++)
+      if (pids[r] > 0)
+        p = waitpid(pids[r], &st, WNOHANG);
     if (p > 0) {
       for (int r = 0; r < size; r++) {
         if (pids[r] != p)
