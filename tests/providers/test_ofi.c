@@ -793,6 +793,9 @@ static int udp_rcvbuf_of_port(uint16_t port) {
   return found;
 }
 
+/* The endpoint's socket asks for a buffer of OFI_UDP_RCVBUF. With one peer
+ * rxd keeps its own window (FI_OFI_RXD_MAX_UNACKED unset); past two ranks
+ * the window is what the buffer holds for four peers, 8 to 16 packets. */
 Test(ofi_udp, window_fits_the_socket_buffer) {
   unsigned char addr[512];
   size_t len = sizeof(addr);
@@ -814,14 +817,23 @@ Test(ofi_udp, window_fits_the_socket_buffer) {
   int got = udp_rcvbuf_of_port(ntohs(sin.sin_port));
   cr_assert_geq(got, want, "the endpoint's socket holds %d bytes, %ld expected (rmem_max %ld)", got,
                 want, max);
+  cr_assert_null(getenv("FI_OFI_RXD_MAX_UNACKED"), "a pair's window is set to %s, not rxd's own",
+                 getenv("FI_OFI_RXD_MAX_UNACKED"));
+  pt_close_job(eps, 2);
+
+  prov_t *four[4] = {NULL};
+  char err[256] = "";
+  int rc = pt_open_job("udp", NULL, 4, four, err, sizeof(err));
+  cr_assert_eq(rc, 0, "open udp at 4 ranks: %d %s", rc, err);
   const char *w = getenv("FI_OFI_RXD_MAX_UNACKED");
-  cr_assert_not_null(w, "the rxd window is left at its default");
+  cr_assert_not_null(w, "at 4 ranks the rxd window is left at its default");
   long window = atol(w);
+  pt_close_job(four, 4);
   cr_assert(window >= 8 && window <= 16, "window %ld", window);
   cr_assert_leq(window * 8192 * 4, (long)got > 8 * 8192 * 4 ? (long)got : 8 * 8192 * 4,
                 "window %ld does not fit 4 peers in %d bytes", window, got);
-  cr_log_info("udp: socket buffer %d bytes (rmem_max %ld), rxd window %ld packets", got, max,
-              window);
+  cr_log_info("udp: socket buffer %d bytes (rmem_max %ld), rxd window %ld packets past 2 ranks",
+              got, max, window);
 }
 
 /* Fan-in past shm's receive queue. shm keeps a message that came before its
