@@ -26,16 +26,11 @@ static uint64_t memcopy_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* The two ways, as memcopy takes them, for a block that differs in its
- * offset within a line (16 bytes, as malloc's blocks do). */
+/* One way (memcopy_apart) for a block that differs in its offset within a
+ * line (16 bytes, as malloc's blocks do). */
 static uint64_t memcopy_time(unsigned char *d, const unsigned char *s, size_t n, int pieces) {
   uint64_t t0 = memcopy_now_ns();
-  if (pieces) {
-    memcopy_head(&d, &s, &n);
-    memcopy_pieces(d, s, n, MEMCOPY_PIECE);
-  } else {
-    memcopy_pieces(d, s, n, MEMCOPY_BLOCK);
-  }
+  memcopy_apart(d, s, n, pieces);
   __asm__ volatile("" : : "r"(d) : "memory"); /* the copy is used */
   return memcopy_now_ns() - t0;
 }

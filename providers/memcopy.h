@@ -69,6 +69,18 @@ static inline void memcopy_pieces(unsigned char *d, const unsigned char *s, size
   }
 }
 
+/* A copy between different offsets within a line: in pieces, the
+ * destination aligned first, or in blocks (memcopy_pieces_pay says which;
+ * memcopy_init times both through here). n is larger than a line. */
+static inline void memcopy_apart(unsigned char *d, const unsigned char *s, size_t n, int pieces) {
+  if (!pieces) {
+    memcopy_pieces(d, s, n, MEMCOPY_BLOCK);
+    return;
+  }
+  memcopy_head(&d, &s, &n);
+  memcopy_pieces(d, s, n, MEMCOPY_PIECE);
+}
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 
@@ -103,13 +115,11 @@ static inline void memcopy(void *dst, const void *src, size_t n) {
     return;
   }
 #endif
-  if (!(((uintptr_t)d ^ (uintptr_t)s) & 63) ||
-      !atomic_load_explicit(&memcopy_pieces_pay, memory_order_relaxed)) {
+  if (!(((uintptr_t)d ^ (uintptr_t)s) & 63)) {
     memcopy_pieces(d, s, n, MEMCOPY_BLOCK); /* blocks glibc copies with `rep movsb` */
     return;
   }
-  memcopy_head(&d, &s, &n);
-  memcopy_pieces(d, s, n, MEMCOPY_PIECE);
+  memcopy_apart(d, s, n, atomic_load_explicit(&memcopy_pieces_pay, memory_order_relaxed));
 }
 
 /* An allgather's own block, staged (engine/comm/coll.c): n bytes of s into both

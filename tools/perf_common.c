@@ -593,7 +593,9 @@ bool perf_parse_args(const struct perf_tool *tool, int argc, char **argv, struct
       char *end;
       unsigned long v = strtoul(optarg, &end, 10);
       if (end == optarg || *end || optarg[0] == '-' || v > PERF_OFFSET_MAX)
-        return usage_error(tool, "bad offset for --offset: '%s' (bytes, 0 to 4095)", optarg);
+        return usage_error(
+            tool, "bad offset for --offset: '%s' (bytes, 0 to " PERF_STR(PERF_OFFSET_MAX) ")",
+            optarg);
       opt->offset = (size_t)v;
       break;
     }

@@ -88,6 +88,9 @@ struct perf_op_info {
 
 /* The largest --offset: buffers stay within their first page's offset. */
 #define PERF_OFFSET_MAX 4095
+/* A macro's value as a string literal (PERF_STR(PERF_OFFSET_MAX): "4095"). */
+#define PERF_STR_(x) #x
+#define PERF_STR(x) PERF_STR_(x)
 
 /* Where the tool puts its buffers (--mem). */
 enum perf_mem {
